@@ -1,0 +1,319 @@
+"""`Agent`: one trainable LLM with its value head, optimiser, KL controller and score statistics.
+
+PPO has one agent and CORY two; both call exactly this code (REFERENCE.md §1.1, §2). `learn` is TRL 0.11.4's
+`PPOTrainer.step` after generation: for the same weights, tokens, scores and permutation seed it gives the
+same update (`scripts/check_trl_parity.py`). Deliberate differences, listed in the README's implementation
+notes: responses are stored response-aligned, forwards get explicit position ids, and generation runs in eval
+mode (TRL's train-mode generation is `generate_in_train_mode=true`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_model, save_model
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from cory import ppo_core
+from cory.models import PolicyWithValueHead
+from cory.rollout import Rollout, forward_logits, generate, pad, score_forward
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """Learner hyperparameters: the `algorithm.agent` block, identical for PPO and CORY (REFERENCE.md §2)."""
+
+    learning_rate: float = 1.41e-5
+    init_kl_coef: float = 0.3
+    adaptive_kl: bool = True
+    kl_target: float = 6.0
+    kl_horizon: float = 10000.0
+    kl_penalty: str = "full"
+    gamma: float = 1.0
+    lam: float = 0.95
+    cliprange: float = 0.2
+    cliprange_value: float = 0.2
+    vf_coef: float = 0.1
+    ppo_epochs: int = 4
+    mini_batch_size: int = 256
+    gradient_accumulation_steps: int = 1
+    ratio_threshold: float = 10.0
+    ratio_threshold_skip: bool = False  # TRL zeroes the loss but still steps Adam (§2.6); true skips the step
+    use_score_scaling: bool = False
+    use_score_norm: bool = False
+    score_clip: float | None = None
+    max_grad_norm: float | None = None
+    whiten_rewards: bool = False
+    early_stopping: bool = False
+    target_kl: float = 1.0
+    generate_in_train_mode: bool = False  # TRL samples with dropout on after the first step (§2.1)
+
+
+class Agent:
+    """One trainable copy of the model plus everything that belongs to it (REFERENCE.md §1.1, §1.5)."""
+
+    def __init__(
+        self,
+        name: str,
+        model: PreTrainedModel,
+        ref_model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        config: PPOConfig,
+        seed: int,
+        device: str | torch.device = "cpu",
+        autocast_dtype: torch.dtype | None = None,
+        forward_batch_size: int = 64,
+        value_head_seed: int | None = None,
+    ) -> None:
+        self.name, self.config, self.tokenizer = name, config, tokenizer
+        self.device = torch.device(device)
+        with torch.random.fork_rng():
+            # the value head is the only random part of an agent; a fixed seed makes CORY's two agents identical
+            torch.manual_seed(seed if value_head_seed is None else value_head_seed)
+            self.policy = PolicyWithValueHead(model).to(self.device)
+        self.ref_model = ref_model  # shared, frozen π0: never stepped, never saved by an agent
+        self.optimizer = torch.optim.Adam(
+            [p for p in self.policy.parameters() if p.requires_grad], lr=config.learning_rate
+        )
+        self.kl_ctl = ppo_core.KLController(
+            config.init_kl_coef, config.adaptive_kl, config.kl_target, config.kl_horizon
+        )
+        self.score_moments = ppo_core.RunningMoments()
+        # TRL draws minibatch permutations from numpy's legacy global RNG; a RandomState(seed) gives the same
+        # sequence as `np.random.seed(seed)` while keeping each agent's stream its own (REFERENCE.md §1.5).
+        self.rng = np.random.RandomState(seed)
+        self.seed = seed
+        self.autocast_dtype = autocast_dtype
+        self.forward_batch_size = forward_batch_size
+        self.steps_since_load = 0
+        self.policy.eval()  # dropout off in every PPO forward, as TRL (§2.1)
+
+    # ------------------------------------------------------------------------------------------------ acting
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def act(
+        self,
+        prompts: list[str],
+        max_new_tokens: int,
+        generation_kwargs: dict,
+        batch_size: int,
+        lengths: list[int] | None = None,
+        kl_estimator: str | None = None,
+    ) -> Rollout:
+        """Sample one response per prompt, then compute the rollout-time quantities.
+
+        `lengths` (evaluation) cuts response i to its own cap; sampling is autoregressive, so this has the
+        distribution of sampling with `max_new_tokens=lengths[i]` while generating the batch in one call.
+        """
+        train_mode = self.config.generate_in_train_mode and self.steps_since_load > 0
+        self.policy.train(train_mode)
+        with self._autocast():
+            prompt_ids, response_ids = generate(
+                self.policy.pretrained_model, self.tokenizer, prompts, max_new_tokens, generation_kwargs,
+                self.device, batch_size,
+            )
+        self.policy.eval()
+        if lengths is not None:
+            response_ids = [r[:n] for r, n in zip(response_ids, lengths)]
+        rollout = self.score_tokens(prompt_ids, response_ids, prompts, kl_estimator)
+        eos = self.tokenizer.eos_token_id
+        caps = lengths if lengths is not None else [max_new_tokens] * len(response_ids)
+        rollout.hit_max_tokens = torch.tensor([len(r) >= c and r[-1] != eos for r, c in zip(response_ids, caps)])
+        return rollout
+
+    @torch.no_grad()
+    def score_tokens(
+        self,
+        prompt_ids: list[torch.Tensor],
+        response_ids: list[torch.Tensor],
+        prompts: list[str] | None = None,
+        kl_estimator: str | None = None,
+    ) -> Rollout:
+        """The rollout for given token ids (TRL `step`'s first forward passes). Lists of 1-D tensors.
+
+        `kl_estimator` overrides the configured penalty's estimator (evaluation always measures `full` KL).
+        """
+        if any(len(r) == 0 for r in response_ids):
+            raise ValueError("every response needs at least one token (max_new_tokens must be >= 1)")
+        p_ids, p_mask = pad(prompt_ids, self.tokenizer.pad_token_id, left=True)
+        r_ids, r_mask = pad(response_ids, self.tokenizer.pad_token_id, left=False)
+        with self._autocast():
+            out = score_forward(
+                self.policy, self.ref_model, p_ids.to(self.device), p_mask.to(self.device),
+                r_ids.to(self.device), r_mask.to(self.device), kl_estimator or self.config.kl_penalty,
+                self.forward_batch_size,
+            )
+        out = {k: v.cpu() for k, v in out.items()}
+        texts = self.tokenizer.batch_decode(response_ids, skip_special_tokens=True)
+        if prompts is None:
+            prompts = self.tokenizer.batch_decode(prompt_ids, skip_special_tokens=True)
+        return Rollout(
+            prompts=list(prompts), responses=texts, prompt_ids=p_ids, prompt_mask=p_mask, response_ids=r_ids,
+            response_mask=r_mask, logprobs=out["logprobs"], ref_logprobs=out["ref_logprobs"],
+            values=out["values"], kls=out["kls"] * r_mask, entropy=out["entropy"],
+            hit_max_tokens=torch.zeros(len(r_ids), dtype=torch.bool),
+        )
+
+    # ---------------------------------------------------------------------------------------------- learning
+    def learn(self, rollout: Rollout, scores: torch.Tensor) -> dict[str, float]:
+        """One PPO update on `rollout` with sequence rewards `scores` [B] (TRL `PPOTrainer.step`)."""
+        cfg, mask = self.config, rollout.response_mask.float()
+        batch_size = len(rollout)
+        inputs = (scores.float(), rollout.kls, rollout.logprobs, rollout.values)
+        if not all(torch.isfinite(x).all() for x in inputs):
+            # a non-finite reward or KL would poison the weights: skip the whole update and say so (issue 4)
+            return {"nonfinite_skipped": 1.0, "kl_coef": self.kl_ctl.value}
+        # 1. optional score scaling with this agent's running moments (§2.3)
+        scores = scores.float()
+        if cfg.use_score_scaling:
+            self.score_moments.update(scores)
+            scores = ppo_core.scale_scores(scores, self.score_moments, cfg.use_score_norm, cfg.score_clip)
+        elif cfg.score_clip is not None:
+            scores = torch.clamp(scores, -cfg.score_clip, cfg.score_clip)
+        # 2. KL-shaped token rewards with the β from before this update (Eq. 2 / Eq. 8, §1.4)
+        kl_coef = self.kl_ctl.value
+        rewards, non_score = ppo_core.penalized_rewards(scores, rollout.kls, kl_coef, mask)
+        # 3. GAE and whitened advantages (§2.5)
+        values = rollout.values * mask
+        advantages, returns = ppo_core.gae(rewards, values, mask, cfg.gamma, cfg.lam, cfg.whiten_rewards)
+        # 4. PPO epochs over shuffled minibatches, one optimiser step per backward batch (§2.6, §2.7)
+        backward_batch = cfg.mini_batch_size * cfg.gradient_accumulation_steps
+        stats: list[dict[str, float]] = []
+        early_stop, nonfinite_steps = False, 0
+        for _ in range(cfg.ppo_epochs):
+            order = self.rng.permutation(batch_size)
+            for b in range(0, batch_size, backward_batch):
+                for m in range(b, b + backward_batch, cfg.mini_batch_size):
+                    idx = torch.as_tensor(order[m : m + cfg.mini_batch_size])
+                    stats.append(self._train_minibatch(rollout, idx, values, advantages, returns))
+                nonfinite_steps += not self._optimizer_step()
+            # TRL checks early stopping once per epoch, on the epoch's last minibatch (§2.7)
+            if cfg.early_stopping and stats[-1]["policykl"] > 1.5 * cfg.target_kl:
+                early_stop = True
+                break
+        # 5. adaptive KL control on the batch-mean sequence KL (§2.8)
+        kl_seq = (rollout.kls * mask).sum(-1)
+        self.kl_ctl.update(kl_seq.mean().item(), batch_size * _world_size())
+        self.steps_since_load += 1
+        out = {k: float(np.mean([s[k] for s in stats])) for k in stats[0]} if stats else {}
+        out.update(
+            kl=kl_seq.mean().item(),
+            kl_per_token=ppo_core.masked_mean(rollout.kls, mask).item(),
+            kl_coef=kl_coef,
+            entropy=ppo_core.masked_mean(rollout.entropy, mask).item(),
+            sampled_entropy=(-rollout.logprobs * mask).sum(-1).mean().item(),
+            mean_non_score_reward=ppo_core.masked_mean(non_score, mask).item(),
+            scaled_score=scores.mean().item(),
+            explained_variance=ppo_core.explained_variance(values, returns, mask).item(),
+            ratio_threshold_hits=float(sum(s["ratio_threshold_hit"] for s in stats)),
+            early_stopped=float(early_stop),
+            nonfinite_steps=float(nonfinite_steps),
+            nonfinite_skipped=0.0,
+        )
+        out.pop("ratio_threshold_hit", None)
+        return out
+
+    def _train_minibatch(
+        self,
+        rollout: Rollout,
+        idx: torch.Tensor,
+        values: torch.Tensor,
+        advantages: torch.Tensor,
+        returns: torch.Tensor,
+    ) -> dict[str, float]:
+        cfg = self.config
+        mb = rollout.select(idx)
+        mask = mb.response_mask.float().to(self.device)
+        args = (mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask)
+        with self._autocast():
+            logits, vpreds = forward_logits(self.policy, *(a.to(self.device) for a in args), with_values=True)
+        logprobs = ppo_core.gather_logprobs(logits, mb.response_ids.to(self.device))
+        old_logprobs = mb.logprobs.to(self.device)
+        pg_loss, pg_clipfrac, mean_ratio = ppo_core.policy_loss(
+            logprobs, old_logprobs, advantages[idx].to(self.device), mask, cfg.cliprange
+        )
+        vf_loss, vf_clipfrac = ppo_core.value_loss(
+            vpreds, values[idx].to(self.device), returns[idx].to(self.device), mask, cfg.cliprange_value
+        )
+        loss = pg_loss + cfg.vf_coef * vf_loss
+        hit = mean_ratio.item() > cfg.ratio_threshold
+        if not (hit and cfg.ratio_threshold_skip):
+            # TRL multiplies the loss by 0 on a hit and still steps Adam, whose momentum moves the weights (§2.6)
+            ((loss * 0.0 if hit else loss) / cfg.gradient_accumulation_steps).backward()
+        with torch.no_grad():
+            return {
+                "policy_loss": 0.0 if hit else pg_loss.item(),  # TRL logs the zeroed losses on a hit
+                "value_loss": 0.0 if hit else vf_loss.item(),
+                "clipfrac": pg_clipfrac.item(),
+                "value_clipfrac": vf_clipfrac.item(),
+                "approx_kl": (0.5 * ppo_core.masked_mean((logprobs - old_logprobs) ** 2, mask)).item(),
+                "policykl": ppo_core.masked_mean(old_logprobs - logprobs, mask).item(),
+                "ratio": mean_ratio.item(),
+                "train_entropy": ppo_core.masked_mean(ppo_core.entropy_from_logits(logits), mask).item(),
+                "ratio_threshold_hit": float(hit),
+            }
+
+    def _optimizer_step(self) -> bool:
+        """Average gradients across processes, clip, step; a non-finite gradient skips the step (False)."""
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        if _world_size() > 1:  # data-parallel: average gradients over processes (accelerate/torchrun launch)
+            for p in params:
+                if p.grad is not None:
+                    torch.distributed.all_reduce(p.grad, op=torch.distributed.ReduceOp.AVG)
+        grads = [p.grad for p in params if p.grad is not None]
+        if not all(torch.isfinite(g).all() for g in grads):
+            self.optimizer.zero_grad()
+            return False
+        if self.config.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        return True
+
+    # ------------------------------------------------------------------------------------------ checkpointing
+    def save(self, directory: Path) -> None:
+        """Weights (safetensors), optimiser (tensors only), KL controller, score moments and RNG (JSON)."""
+        directory.mkdir(parents=True, exist_ok=True)
+        save_model(self.policy, str(directory / "policy.safetensors"))
+        torch.save(self.optimizer.state_dict(), directory / "optimizer.pt")
+        rng_name, keys, pos, has_gauss, gauss = self.rng.get_state()
+        state = {
+            "kl_coef": self.kl_ctl.value,
+            "score_moments": asdict(self.score_moments),
+            "rng": [rng_name, keys.tolist(), int(pos), int(has_gauss), float(gauss)],
+            "steps_since_load": self.steps_since_load,
+        }
+        (directory / "agent.json").write_text(json.dumps(state))
+
+    def load(self, directory: Path) -> None:
+        """Inverse of `save`; the optimiser state is read with `weights_only=True` (no pickle execution)."""
+        load_model(self.policy, str(directory / "policy.safetensors"), device=str(self.device))
+        self.optimizer.load_state_dict(torch.load(directory / "optimizer.pt", weights_only=True))
+        state = json.loads((directory / "agent.json").read_text())
+        self.kl_ctl.value = state["kl_coef"]
+        self.score_moments = ppo_core.RunningMoments(**state["score_moments"])
+        name, keys, pos, has_gauss, gauss = state["rng"]
+        self.rng.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
+        self.steps_since_load = state["steps_since_load"]
+
+    def reset_training_state(self) -> None:
+        """Fresh optimiser, KL controller and score moments: the official swap's side effects (§1.5)."""
+        self.optimizer = torch.optim.Adam(
+            [p for p in self.policy.parameters() if p.requires_grad], lr=self.config.learning_rate
+        )
+        self.kl_ctl.value = self.config.init_kl_coef
+        self.score_moments = ppo_core.RunningMoments()
+        self.steps_since_load = 0  # the official swap reloads the models
+
+
+def _world_size() -> int:
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1

@@ -1,0 +1,107 @@
+"""CORY: two copies of the LLM, pioneer and observer, trained on a collective reward with role exchange.
+
+Read against the paper's Algorithm 1 (arXiv 2410.06101) and REFERENCE.md §1. Each agent is the PPO learner
+of `cory/agent.py`, unchanged: what CORY adds is only this orchestration.
+  1. the pioneer answers the query                          (Alg. 1 l.7;  REFERENCE §1.2 step 2)
+  2. the observer answers with the pioneer's answer in view (Alg. 1 l.8-9, knowledge transfer; §1.2 steps 3-4)
+  3. both answers are scored on the original query          (Alg. 1 l.12-13, Eq. 4; l.13's r(s0, a1) is a typo)
+  4. collective reward R_i = w_self·r_i + w_other·r_{-i}    (Eq. 4; defaults 1, 1; [v2] signs for ablations)
+  5. two independent PPO updates, each with its own KL to π0 on its own prompt (Eq. 2 / Eq. 8; §1.4)
+  6. every `swap_period` iterations the roles are exchanged (Eq. 5): the role map flips, the weights stay.
+Deviation (README implementation notes): roles are swapped by exchanging the role map rather than the
+weights (equivalent to Eq. 5, REFERENCE §1.5); `faithful_official_swap=true` adds the official code's resets.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from cory.agent import Agent
+from cory.algorithms.base import StepOutput, agent_metrics, sample_rows
+from cory.tasks.base import SafeScorer, Task
+
+
+class CORY:
+    """Pioneer/observer co-training of `llm1` and `llm2` (REFERENCE.md §1)."""
+
+    def __init__(
+        self,
+        task: Task,
+        make_agent: Callable[[str], Agent],
+        knowledge_transfer: bool = True,
+        role_exchange: bool = True,
+        swap_period: int = 5,
+        w_self: float = 1.0,
+        w_other: float = 1.0,
+        faithful_official_swap: bool = False,
+        generation_batch_size: int = 64,
+        log_samples: int = 4,
+    ) -> None:
+        if swap_period < 1:
+            raise ValueError(f"algorithm.swap_period must be >= 1, got {swap_period}")
+        self.task, self.scorer = task, SafeScorer(task)
+        # both agents start from the same weights, value head included (make_agent copies one initial model)
+        self.agents = {"llm1": make_agent("llm1"), "llm2": make_agent("llm2")}
+        self.knowledge_transfer, self.role_exchange, self.swap_period = knowledge_transfer, role_exchange, swap_period
+        self.w_self, self.w_other = w_self, w_other
+        self.faithful_official_swap = faithful_official_swap
+        self.generation_batch_size, self.log_samples = generation_batch_size, log_samples
+        self.roles = {"pioneer": "llm1", "observer": "llm2"}  # LLM1 starts as pioneer (§1.1)
+        self.swaps = 0
+
+    def step(self, queries: list[str], max_new_tokens: int, iteration: int) -> StepOutput:
+        pio_id, obs_id = self.roles["pioneer"], self.roles["observer"]
+        pioneer, observer = self.agents[pio_id], self.agents[obs_id]
+        gen, t0 = self.task.generation_kwargs, time.perf_counter()
+        # 1. pioneer: a1 ~ π_P(· | x_P)
+        pio = pioneer.act([self.task.pioneer_prompt(q) for q in queries], max_new_tokens, gen,
+                          self.generation_batch_size)
+        # 2. observer: x_O = T_obs(q, a1) from decoded text, then a2 ~ π_O(· | x_O), same generation settings
+        if self.knowledge_transfer:
+            obs_prompts = [self.task.observer_prompt(q, a1) for q, a1 in zip(queries, pio.responses)]
+        else:  # "CORY w/o KT": the observer sees the query alone (§1.7)
+            obs_prompts = [self.task.pioneer_prompt(q) for q in queries]
+        obs = observer.act(obs_prompts, max_new_tokens, gen, self.generation_batch_size)
+        # 3. task rewards on the original query only: r1 = r(q, a1), r2 = r(q, a2)
+        r1, failed1 = self.scorer(queries, pio.responses)
+        r2, failed2 = self.scorer(queries, obs.responses)
+        # 4. collective reward (Eq. 4): R_P = w_self·r1 + w_other·r2, R_O = w_self·r2 + w_other·r1
+        R_pio = [self.w_self * a + self.w_other * b for a, b in zip(r1, r2)]
+        R_obs = [self.w_self * b + self.w_other * a for a, b in zip(r1, r2)]
+        t1 = time.perf_counter()
+        # 5. two independent PPO updates; both rollouts were collected first, so the order does not matter
+        stats_pio = pioneer.learn(pio, torch.tensor(R_pio))
+        stats_obs = observer.learn(obs, torch.tensor(R_obs))
+        metrics = agent_metrics(pio_id, pio, r1, R_pio, stats_pio, self.task.eval_kl_coef)
+        metrics |= agent_metrics(obs_id, obs, r2, R_obs, stats_obs, self.task.eval_kl_coef)
+        for role, agent_id in self.roles.items():  # per-role views of the same numbers
+            metrics[f"train/{role}/task_reward"] = metrics[f"train/{agent_id}/task_reward"]
+            metrics[f"train/{role}/kl"] = metrics[f"train/{agent_id}/kl"]
+        metrics |= {
+            "cory/llm1_role": float(pio_id != "llm1"),  # 0 pioneer, 1 observer
+            "cory/swaps": float(self.swaps),
+            "time/generate_s": t1 - t0,
+            "time/learn_s": time.perf_counter() - t1,
+            "train/reward_failures": float(failed1 + failed2),
+        }
+        samples = sample_rows(queries, {"pioneer": pio, "observer": obs}, {"pioneer": r1, "observer": r2},
+                              self.log_samples)
+        # 6. role exchange (Eq. 5) after iteration k when (k + 1) mod T_REx = 0
+        reseed = False
+        if self.role_exchange and (iteration + 1) % self.swap_period == 0:
+            self.roles = {"pioneer": obs_id, "observer": pio_id}
+            self.swaps += 1
+            if self.faithful_official_swap:  # the official disk swap's side effects (§1.5); RNGs via `reseed`
+                for agent in self.agents.values():
+                    agent.reset_training_state()
+                reseed = True
+        return StepOutput(metrics, samples, reseed)
+
+    def state_dict(self) -> dict:
+        return {"roles": dict(self.roles), "swaps": self.swaps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.roles, self.swaps = dict(state["roles"]), int(state["swaps"])

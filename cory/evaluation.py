@@ -1,0 +1,43 @@
+"""Held-out evaluation of one agent alone in the query-only (pioneer) role (REFERENCE.md §1.6).
+
+PPO's agent and each CORY agent are evaluated identically, so their numbers are the same quantity:
+task reward r(q, a), KL_seq = Σ_t full-vocabulary KL to π0 on the query-only prompt, and the combined reward
+r − η_eval·KL_seq with η_eval fixed per task and shared by all algorithms.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cory.agent import Agent
+from cory.tasks.base import SafeScorer, Task
+
+
+def eval_lengths(num: int, max_new_tokens: tuple[int, int], seed: int) -> list[int]:
+    """One fixed `max_new_tokens` draw per held-out prompt, the same for every method and checkpoint."""
+    g = torch.Generator().manual_seed(seed)
+    lo, hi = max_new_tokens
+    return torch.randint(lo, hi + 1, (num,), generator=g).tolist()
+
+
+def evaluate(
+    agent: Agent, task: Task, queries: list[str], lengths: list[int], batch_size: int, seed: int
+) -> tuple[dict[str, float], list[dict]]:
+    """Mean eval metrics for `agent` and a few sample rows. Sampling uses its own seeded RNG, so evaluating
+    never changes the training run's random stream."""
+    with torch.random.fork_rng(devices=[agent.device] if agent.device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        rollout = agent.act([task.pioneer_prompt(q) for q in queries], max(lengths), task.generation_kwargs,
+                            batch_size, lengths=lengths, kl_estimator="full")
+    scores, _ = SafeScorer(task)(queries, rollout.responses)
+    r = torch.tensor(scores)
+    kl_seq = rollout.kls.sum(-1)
+    metrics = {
+        "task_reward": r.mean().item(),
+        "kl": kl_seq.mean().item(),
+        "combined_reward": (r - task.eval_kl_coef * kl_seq).mean().item(),
+        "response_length": rollout.response_mask.sum(-1).float().mean().item(),
+    }
+    samples = [{"query": q, "response": a, "reward": s, "kl": k}
+               for q, a, s, k in zip(queries[:4], rollout.responses, scores, kl_seq.tolist())]
+    return metrics, samples

@@ -1,0 +1,149 @@
+"""Batched generation and the rollout-time forward passes (REFERENCE.md §2.2, §2.9).
+
+Layout: prompts are left-padded `[B, P]`, responses right-padded `[B, T]`; every forward gets
+`position_ids = cumsum(mask) − 1`, so padding never changes a log-prob. The logits at column P−1+t predict
+response token t, and the value at that column is V_t, the value of the state before token t.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from cory import ppo_core
+
+
+@dataclass
+class Rollout:
+    """One batch of (prompt, response) with everything PPO needs, computed once without gradients."""
+
+    prompts: list[str]
+    responses: list[str]  # decoded response text, special tokens stripped
+    prompt_ids: torch.Tensor  # [B, P] left-padded
+    prompt_mask: torch.Tensor  # [B, P]
+    response_ids: torch.Tensor  # [B, T] right-padded, truncated after the first EOS (kept)
+    response_mask: torch.Tensor  # [B, T]
+    logprobs: torch.Tensor  # [B, T] log π_old(a_t | s_t)
+    ref_logprobs: torch.Tensor  # [B, T] log π0(a_t | s_t)
+    values: torch.Tensor  # [B, T] V_old(s_t)
+    kls: torch.Tensor  # [B, T] per-token KL of the configured estimator (REFERENCE.md §2.4)
+    entropy: torch.Tensor  # [B, T] full-vocabulary entropy of π_old
+    hit_max_tokens: torch.Tensor  # [B] bool: the response ran to max_new_tokens without EOS
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def select(self, idx: torch.Tensor | list[int]) -> Rollout:
+        """The sub-batch at `idx` (tensors and lists alike)."""
+        idx = torch.as_tensor(idx, dtype=torch.long)
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            out[f.name] = v[idx] if isinstance(v, torch.Tensor) else [v[i] for i in idx.tolist()]
+        return Rollout(**out)
+
+
+def pad(seqs: list[torch.Tensor], value: int, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack 1-D id tensors into [B, L] ids and mask, padding on the left or the right."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), value, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        sl = slice(width - len(s), width) if left else slice(0, len(s))
+        ids[i, sl], mask[i, sl] = s, 1
+    return ids, mask
+
+
+def truncate_after_eos(response_ids: torch.Tensor, eos_token_id: int) -> torch.Tensor:
+    """Mask [B, T] keeping each response up to and including its first EOS (REFERENCE.md §2.9)."""
+    is_eos = response_ids == eos_token_id
+    eos_before = torch.cumsum(is_eos.long(), dim=1) - is_eos.long()  # EOS tokens strictly before t
+    return (eos_before == 0).long()
+
+
+@torch.no_grad()
+def generate(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[str],
+    max_new_tokens: int,
+    generation_kwargs: dict,
+    device: torch.device,
+    batch_size: int,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Sample responses for `prompts` in batches of `batch_size` with left padding.
+
+    Returns per-sample 1-D prompt ids and response ids (truncated after the first EOS, EOS kept).
+    """
+    prompt_ids = [torch.tensor(tokenizer(p, add_special_tokens=False)["input_ids"], dtype=torch.long) for p in prompts]
+    responses: list[torch.Tensor] = []
+    for start in range(0, len(prompts), batch_size):
+        chunk = prompt_ids[start : start + batch_size]
+        ids, mask = pad(chunk, tokenizer.pad_token_id, left=True)
+        out = model.generate(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=0,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            **generation_kwargs,
+        ).cpu()[:, ids.shape[1] :]
+        keep = truncate_after_eos(out, tokenizer.eos_token_id)
+        responses += [row[: int(k.sum())] for row, k in zip(out, keep)]
+    return prompt_ids, responses
+
+
+def forward_logits(
+    model: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    response_ids: torch.Tensor,
+    response_mask: torch.Tensor,
+    with_values: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Response-aligned logits [B, T, V] (float32) and, for a policy with value head, values [B, T]."""
+    P, T = prompt_ids.shape[1], response_ids.shape[1]
+    input_ids = torch.cat([prompt_ids, response_ids], dim=1)
+    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+    position_ids = (torch.cumsum(attention_mask, dim=1) - 1).clamp(min=0)
+    if with_values:
+        logits, values = model(input_ids, attention_mask, position_ids)
+        return logits[:, P - 1 : P + T - 1], values[:, P - 1 : P + T - 1]
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    return out.logits[:, P - 1 : P + T - 1].float(), None
+
+
+@torch.no_grad()
+def score_forward(
+    policy: torch.nn.Module,
+    ref_model: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    response_ids: torch.Tensor,
+    response_mask: torch.Tensor,
+    kl_estimator: str,
+    batch_size: int,
+) -> dict[str, torch.Tensor]:
+    """Rollout-time log-probs, reference log-probs, values, per-token KL and entropy, all [B, T].
+
+    Runs in micro-batches of `batch_size`; full distributions live only inside one micro-batch.
+    """
+    parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("logprobs", "ref_logprobs", "values", "kls", "entropy")}
+    for s in range(0, len(prompt_ids), batch_size):
+        sl = slice(s, s + batch_size)
+        args = (prompt_ids[sl], prompt_mask[sl], response_ids[sl], response_mask[sl])
+        logits, values = forward_logits(policy, *args, with_values=True)
+        ref_logits, _ = forward_logits(ref_model, *args, with_values=False)
+        tokens = response_ids[sl]
+        logprobs = ppo_core.gather_logprobs(logits, tokens)
+        ref_logprobs = ppo_core.gather_logprobs(ref_logits, tokens)
+        if kl_estimator == "full":
+            kls = ppo_core.full_kl(logits, ref_logits)
+        else:
+            kls = ppo_core.kl_penalty(logprobs, ref_logprobs, kl_estimator)
+        for k, v in zip(parts, (logprobs, ref_logprobs, values, kls, ppo_core.entropy_from_logits(logits))):
+            parts[k].append(v.float())
+    return {k: torch.cat(v) for k, v in parts.items()}

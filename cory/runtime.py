@@ -1,0 +1,89 @@
+"""Seeding, RNG snapshots, device/precision, git SHA and memory: the run-level plumbing in one place."""
+
+from __future__ import annotations
+
+import os
+import random
+import resource
+import subprocess
+import sys
+
+import numpy as np
+import torch
+
+
+def seed_everything(seed: int, deterministic: bool = False) -> int:
+    """Seed python, numpy and torch (plus the process rank) and return the seed that was used."""
+    seed = int(seed) + int(os.environ.get("RANK", 0))
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.benchmark = False
+    return seed
+
+
+def rng_state() -> dict:
+    """A JSON-able snapshot of the python and numpy global RNGs; torch's goes to safetensors (`torch_rng_state`)."""
+    version, state, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "python": [version, list(state), gauss],
+        "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+    }
+
+
+def set_rng_state(state: dict) -> None:
+    version, s, gauss = state["python"]
+    random.setstate((version, tuple(s), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+
+
+def torch_rng_states() -> dict[str, torch.Tensor]:
+    """Torch CPU (and CUDA) generator states as uint8 tensors, storable with safetensors."""
+    states = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            states[f"cuda{i}"] = s
+    return states
+
+
+def set_torch_rng_states(states: dict[str, torch.Tensor]) -> None:
+    torch.set_rng_state(states["cpu"])
+    cuda = [states[k] for k in sorted(states) if k.startswith("cuda")]
+    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)
+
+
+def resolve_device(device: str) -> torch.device:
+    """`auto` picks CUDA when present; asking for CUDA without it fails in one line."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"hardware.device={device} but CUDA is not available; use hardware=cpu")
+    return torch.device(device)
+
+
+def autocast_dtype(precision: str) -> torch.dtype | None:
+    """`fp32` → no autocast; `bf16`/`fp16` → that autocast dtype."""
+    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak CUDA memory on a GPU, else the process's peak resident set size."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 2**20 if sys.platform == "darwin" else rss / 2**10
+
+
+def git_sha() -> str | None:
+    """The commit of the code that runs, for provenance (None outside a git checkout)."""
+    try:
+        here = os.path.dirname(os.path.abspath(__file__))
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None

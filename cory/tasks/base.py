@@ -1,0 +1,78 @@
+"""The `Task` protocol: what data, what reward, which prompt templates (REFERENCE.md §1.3, §3).
+
+A task is built by Hydra from `conf/task/*.yaml` with the policy tokenizer passed at run time
+(`instantiate(cfg.task, tokenizer=tokenizer)`). It owns its prompts, its reward and its templates; it knows
+nothing about PPO or CORY.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class Task(Protocol):
+    """A text task with a scalar reward per (query, response)."""
+
+    name: str
+    # η_eval of REFERENCE.md §1.6: the fixed KL coefficient of the combined reward, shared by all algorithms.
+    eval_kl_coef: float
+    # Reward given to a sample whose scoring raised (malformed generation, classifier error).
+    failure_reward: float
+    # Inclusive range of `max_new_tokens`; one value is drawn per training iteration (REFERENCE.md §3.1).
+    max_new_tokens: tuple[int, int]
+    # Sampling settings passed to `generate` (repetition_penalty, top_k, top_p, temperature).
+    generation_kwargs: dict
+
+    def train_queries(self) -> list[str]:
+        """Training queries q (decoded text), in a fixed order; the trainer shuffles them."""
+        ...
+
+    def eval_queries(self) -> list[str]:
+        """Held-out queries, disjoint from the training ones, in a fixed order."""
+        ...
+
+    def pioneer_prompt(self, query: str) -> str:
+        """The query-only prompt x_P (IMDB: q itself; GSM8K: the one-shot prompt)."""
+        ...
+
+    def observer_prompt(self, query: str, pioneer_response: str) -> str:
+        """The observer prompt x_O = T_obs(q, a1), built from decoded text (REFERENCE.md §1.3)."""
+        ...
+
+    def score(self, queries: list[str], responses: list[str]) -> list[float]:
+        """Task reward r(q, a) for each pair, scored on the original query plus the response only."""
+        ...
+
+
+class SafeScorer:
+    """Scores a batch; a sample whose reward raises gets the task's failure reward and is counted (issue 4).
+
+    The first error is printed once, with its sample, so a broken reward is visible without flooding the log.
+    """
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+        self.failures = 0
+        self._reported = False
+
+    def __call__(self, queries: list[str], responses: list[str]) -> tuple[list[float], int]:
+        """Returns (scores, number of samples that failed in this call)."""
+        try:
+            scores = [float(s) for s in self.task.score(queries, responses)]
+            if len(scores) == len(queries):
+                return scores, 0
+        except Exception:  # noqa: BLE001 - fall back to per-sample scoring to isolate the bad sample
+            pass
+        scores, failed = [], 0
+        for q, a in zip(queries, responses):
+            try:
+                scores.append(float(self.task.score([q], [a])[0]))
+            except Exception as err:  # noqa: BLE001 - any reward error becomes the failure reward
+                failed += 1
+                scores.append(float(self.task.failure_reward))
+                if not self._reported:
+                    self._reported = True
+                    print(f"[cory] reward failed on query={q!r} response={a!r}: {type(err).__name__}: {err} "
+                          f"(given failure_reward={self.task.failure_reward}; further failures are only counted)")
+        self.failures += failed
+        return scores, failed

@@ -1,0 +1,363 @@
+"""Behaviour tests for `cory.agent.Agent` and `cory.rollout` on the tiny in-memory GPT-2 (REFERENCE.md §1.4, §2).
+
+Covers: a `learn` call moves the policy and the value head but never the frozen reference; rollout log-probs,
+values and KL are invariant to padding (left-padded prompts, right-padded responses, explicit position ids);
+truncation after the first EOS (EOS kept) and `pad`; KL is exactly 0 at step 0 and positive after an update;
+TRL's ratio-threshold path (loss × 0 but Adam still steps on its momentum) and the true-skip option; a
+save/load round trip that restores everything and contains no pickle but the weights-only optimiser state;
+`learn`'s statistics and the adaptive KL update with the β from before the update.
+
+The tiny model's weights are re-drawn with a large scale ("sharpened") so its distributions are far from
+uniform; otherwise log-prob comparisons would pass for a near-constant model whatever the positions.
+
+Run:  HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=disabled \
+      .venv/bin/python -m pytest tests/test_agent.py -q
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import LogitsProcessor, LogitsProcessorList
+
+from cory import ppo_core
+from cory.agent import Agent, PPOConfig
+from cory.models import build_tiny_gpt2, make_reference
+from cory.rollout import forward_logits, pad, truncate_after_eos
+
+# B = 4 samples, 2 per minibatch, 2 epochs → 4 optimiser steps per learn
+CFG = PPOConfig(learning_rate=1e-3, mini_batch_size=2, ppo_epochs=2)
+PROMPT_LENS = [3, 5, 2, 4]
+RESPONSE_LENS = [4, 1, 6, 3]
+SCORES = torch.tensor([1.0, -0.5, 2.0, 0.0])
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """The model is tiny: one intra-op thread is faster, and far faster on a busy 2-CPU machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def sharpen(model: torch.nn.Module, seed: int) -> None:
+    """Re-draw weights at a large scale so logits, positions and attention all matter."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("wte.weight", "wpe.weight")):
+                p.copy_(torch.randn(p.shape, generator=g))
+            elif p.dim() == 2:
+                p.copy_(0.3 * torch.randn(p.shape, generator=g))
+
+
+def make_agent(cfg: PPOConfig = CFG, seed: int = 0, model_seed: int = 0, ref=None) -> Agent:
+    model, tokenizer = build_tiny_gpt2(seed=model_seed)
+    sharpen(model, model_seed)
+    ref = make_reference(model) if ref is None else ref
+    return Agent("llm1", model, ref, tokenizer, cfg, seed=seed)
+
+
+def token_lists(eos: int, seed: int = 0) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Ragged prompts and responses of byte tokens; the third response ends in EOS like a finished generation."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, 256, (n,), generator=g) for n in PROMPT_LENS]
+    responses = [torch.randint(0, 256, (n,), generator=g) for n in RESPONSE_LENS]
+    responses[2][-1] = eos
+    return prompts, responses
+
+
+def rollout_for(agent: Agent, seed: int = 0):
+    return agent.score_tokens(*token_lists(agent.tokenizer.eos_token_id, seed))
+
+
+def snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def changed(before: dict[str, torch.Tensor], module: torch.nn.Module, prefix: str = "") -> list[str]:
+    now = module.state_dict()
+    return [k for k in before if k.startswith(prefix) and not torch.equal(before[k], now[k])]
+
+
+# ------------------------------------------------------------------------------------------------------- (a)
+def test_learn_moves_policy_and_value_head_but_not_reference():
+    agent = make_agent()
+    ref_before = snapshot(agent.ref_model)
+    policy_before = snapshot(agent.policy)
+    agent.learn(rollout_for(agent), SCORES)
+    moved = changed(policy_before, agent.policy)
+    assert any(k.startswith("pretrained_model.transformer.h.") for k in moved), moved
+    assert "pretrained_model.transformer.wte.weight" in moved
+    assert {"v_head.summary.weight", "v_head.summary.bias"} <= set(moved)
+    # the reference is bit-identical, frozen and shares no storage with the policy
+    assert changed(ref_before, agent.ref_model) == []
+    assert all(not p.requires_grad for p in agent.ref_model.parameters())
+    policy_ptrs = {p.data_ptr() for p in agent.policy.parameters()}
+    assert not policy_ptrs & {p.data_ptr() for p in agent.ref_model.parameters()}
+
+
+# ------------------------------------------------------------------------------------------------------- (b)
+def _single_forward(agent: Agent, prompt: torch.Tensor, response: torch.Tensor):
+    """Plain unpadded forward of one sequence: log-probs, ref log-probs, values, full KL of the response."""
+    ids = torch.cat([prompt, response])[None]
+    P, T = len(prompt), len(response)
+    with torch.no_grad():
+        logits, values = agent.policy(ids, torch.ones_like(ids), torch.arange(ids.shape[1])[None])
+        ref_logits = agent.ref_model(input_ids=ids).logits
+    logits, ref_logits, values = (
+        logits[:, P - 1 : P + T - 1],
+        ref_logits[:, P - 1 : P + T - 1],
+        values[:, P - 1 : P + T - 1],
+    )
+    return (
+        ppo_core.gather_logprobs(logits, response[None])[0],
+        ppo_core.gather_logprobs(ref_logits, response[None])[0],
+        values[0],
+        ppo_core.full_kl(logits, ref_logits)[0],
+    )
+
+
+def test_score_tokens_is_padding_invariant():
+    agent = make_agent()
+    agent.learn(rollout_for(agent, seed=5), SCORES)  # make policy ≠ reference so KL and ref log-probs differ
+    prompts, responses = token_lists(agent.tokenizer.eos_token_id)
+    rollout = agent.score_tokens(prompts, responses)
+    assert rollout.logprobs.std() > 1.0  # the sharpened model is far from uniform: the comparison has teeth
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        T = len(r)
+        lp, ref_lp, v, kl = _single_forward(agent, p, r)
+        torch.testing.assert_close(rollout.logprobs[i, :T], lp, atol=1e-5, rtol=0)
+        torch.testing.assert_close(rollout.ref_logprobs[i, :T], ref_lp, atol=1e-5, rtol=0)
+        torch.testing.assert_close(rollout.values[i, :T], v, atol=1e-5, rtol=0)
+        torch.testing.assert_close(rollout.kls[i, :T], kl, atol=1e-5, rtol=0)
+        assert rollout.response_mask[i].tolist() == [1] * T + [0] * (rollout.response_mask.shape[1] - T)
+        assert (rollout.kls[i, T:] == 0).all()
+    assert (rollout.kls * rollout.response_mask).sum() > 0
+    # sensitivity: the same padded batch without position ids gives different log-probs for left-padded rows
+    p_ids, p_mask = pad(prompts, agent.tokenizer.pad_token_id, left=True)
+    r_ids, r_mask = pad(responses, agent.tokenizer.pad_token_id, left=False)
+    with torch.no_grad():
+        out = agent.policy.pretrained_model(
+            input_ids=torch.cat([p_ids, r_ids], 1), attention_mask=torch.cat([p_mask, r_mask], 1)
+        ).logits[:, p_ids.shape[1] - 1 : -1]
+    no_pos = ppo_core.gather_logprobs(out, r_ids)
+    row = PROMPT_LENS.index(min(PROMPT_LENS))  # the most left-padded prompt
+    assert (no_pos[row, : RESPONSE_LENS[row]] - rollout.logprobs[row, : RESPONSE_LENS[row]]).abs().max() > 1e-3
+
+
+def test_forward_logits_aligns_logits_with_response_tokens():
+    agent = make_agent()
+    prompts, responses = token_lists(agent.tokenizer.eos_token_id)
+    p_ids, p_mask = pad(prompts, 0, left=True)
+    r_ids, r_mask = pad(responses, 0, left=False)
+    with torch.no_grad():
+        logits, values = forward_logits(agent.policy, p_ids, p_mask, r_ids, r_mask, with_values=True)
+    assert logits.shape == (4, max(RESPONSE_LENS), agent.policy.pretrained_model.config.vocab_size)
+    assert values.shape == (4, max(RESPONSE_LENS))
+    # column 0 is the prediction made at the last prompt token: equal to the next-token logits of the prompt alone
+    with torch.no_grad():
+        alone = agent.policy.pretrained_model(input_ids=prompts[0][None]).logits[0, -1]
+    torch.testing.assert_close(logits[0, 0], alone, atol=1e-5, rtol=0)
+
+
+# ------------------------------------------------------------------------------------------------------- (c)
+def test_truncate_after_eos_and_pad_hand_cases():
+    E = 9
+    ids = torch.tensor([[5, E, 7, E], [1, 2, 3, 4], [E, 9, 9, 9], [1, 2, 3, E]])
+    assert truncate_after_eos(ids, E).tolist() == [
+        [1, 1, 0, 0],  # stops after the first EOS, which is kept
+        [1, 1, 1, 1],  # no EOS: everything
+        [1, 0, 0, 0],  # EOS first: a one-token response
+        [1, 1, 1, 1],  # EOS last
+    ]
+    seqs = [torch.tensor([1, 2]), torch.tensor([3]), torch.tensor([4, 5, 6])]
+    left_ids, left_mask = pad(seqs, 0, left=True)
+    assert left_ids.tolist() == [[0, 1, 2], [0, 0, 3], [4, 5, 6]]
+    assert left_mask.tolist() == [[0, 1, 1], [0, 0, 1], [1, 1, 1]]
+    right_ids, right_mask = pad(seqs, 7, left=False)
+    assert right_ids.tolist() == [[1, 2, 7], [3, 7, 7], [4, 5, 6]]
+    assert right_mask.tolist() == [[1, 1, 0], [1, 0, 0], [1, 1, 1]]
+    assert left_ids.dtype == right_mask.dtype == torch.long
+
+
+class _EosAt(LogitsProcessor):
+    """Row 0 must emit EOS at response step `at`; EOS is forbidden everywhere else."""
+
+    def __init__(self, prompt_width: int, eos: int, at: int) -> None:
+        self.prompt_width, self.eos, self.at = prompt_width, eos, at
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        scores = scores.clone()
+        scores[:, self.eos] = -math.inf
+        if input_ids.shape[1] - self.prompt_width == self.at:
+            scores[0] = -math.inf
+            scores[0, self.eos] = 0.0
+        return scores
+
+
+def test_act_truncates_after_first_eos_and_keeps_it():
+    agent = make_agent()
+    eos = agent.tokenizer.eos_token_id
+    prompts = ["ab", "hello"]  # byte tokens: widths 2 and 5, so the batch is left-padded to 5
+    kwargs = {"do_sample": True, "top_k": 0, "top_p": 1.0, "logits_processor": LogitsProcessorList([_EosAt(5, eos, 2)])}
+    torch.manual_seed(0)
+    rollout = agent.act(prompts, max_new_tokens=6, generation_kwargs=kwargs, batch_size=2)
+    assert rollout.response_mask.tolist() == [[1, 1, 1, 0, 0, 0], [1] * 6]
+    assert rollout.response_ids[0, 2].item() == eos  # EOS kept as the last response token
+    assert (rollout.response_ids[1] != eos).all()
+    assert rollout.hit_max_tokens.tolist() == [False, True]
+    assert rollout.prompt_mask.tolist() == [[0, 0, 0, 1, 1], [1, 1, 1, 1, 1]]
+    # decoded text drops the EOS
+    assert rollout.prompts == prompts
+    assert rollout.responses[0] == agent.tokenizer.decode(rollout.response_ids[0, :2])
+    assert "<|endoftext|>" not in rollout.responses[0]
+
+
+# ------------------------------------------------------------------------------------------------------- (d)
+def test_kl_is_zero_at_step_zero_and_positive_after_learning():
+    agent = make_agent(dataclasses.replace(CFG, learning_rate=1e-2))
+    rollout = rollout_for(agent)
+    assert rollout.kls.abs().max() <= 1e-6  # policy == π0: full KL is 0
+    torch.testing.assert_close(rollout.logprobs, rollout.ref_logprobs, atol=1e-6, rtol=0)
+    stats = agent.learn(rollout, SCORES)
+    assert abs(stats["kl"]) <= 1e-6
+    after = rollout_for(agent)  # the same tokens, re-scored
+    kl_seq = (after.kls * after.response_mask).sum(-1)
+    assert (kl_seq > 1e-4).all(), kl_seq
+    # the sampled estimator too: log π − log π0 is no longer zero
+    assert (after.logprobs - after.ref_logprobs).abs().max() > 1e-3
+
+
+# ------------------------------------------------------------------------------------------------------- (e)
+def _adam_zero_grad_replay(agent: Agent, n_steps: int) -> list[torch.Tensor]:
+    """What Adam does with zero gradients for `n_steps`, starting from the agent's current state."""
+    params = [p.detach().clone().requires_grad_(True) for p in agent.optimizer.param_groups[0]["params"]]
+    opt = torch.optim.Adam(params, lr=agent.config.learning_rate)
+    opt.load_state_dict(copy.deepcopy(agent.optimizer.state_dict()))
+    for _ in range(n_steps):
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        opt.step()
+    return params
+
+
+def test_ratio_threshold_hit_zeroes_loss_but_adam_momentum_still_moves_weights():
+    agent = make_agent()
+    rollout = rollout_for(agent)
+    agent.learn(rollout, SCORES)  # 1st call, normal threshold: builds Adam momentum
+    agent.config = dataclasses.replace(agent.config, ratio_threshold=1e-9, ratio_threshold_skip=False)
+    expected = _adam_zero_grad_replay(agent, n_steps=4)  # 2 epochs × 2 backward batches
+    before = snapshot(agent.policy)
+    stats = agent.learn(rollout_for(agent, seed=1), SCORES)
+    assert stats["ratio_threshold_hits"] == 4.0  # every minibatch hit
+    assert changed(before, agent.policy), "momentum should still move the weights"
+    # and they moved exactly as Adam on zero gradients: the loss really was multiplied by 0
+    for p, e in zip(agent.optimizer.param_groups[0]["params"], expected):
+        torch.testing.assert_close(p.detach(), e.detach(), atol=1e-7, rtol=1e-6)
+
+
+def test_ratio_threshold_skip_leaves_weights_and_optimizer_untouched():
+    agent = make_agent()
+    agent.learn(rollout_for(agent), SCORES)
+    agent.config = dataclasses.replace(agent.config, ratio_threshold=1e-9, ratio_threshold_skip=True)
+    before = snapshot(agent.policy)
+    steps_before = [s["step"].clone() for s in agent.optimizer.state.values()]
+    stats = agent.learn(rollout_for(agent, seed=1), SCORES)
+    assert stats["ratio_threshold_hits"] == 4.0
+    assert changed(before, agent.policy) == []
+    assert [s["step"] for s in agent.optimizer.state.values()] == steps_before
+
+
+# ------------------------------------------------------------------------------------------------------- (f)
+def _is_pickle_or_torch_zip(path: Path) -> bool:
+    head = path.read_bytes()[:2]
+    return head[:1] == b"\x80" or head == b"PK"
+
+
+def test_save_load_round_trip(tmp_path: Path):
+    cfg = dataclasses.replace(CFG, use_score_scaling=True, use_score_norm=True)
+    a = make_agent(cfg, seed=0)
+    a.learn(rollout_for(a), SCORES)
+    a.save(tmp_path)
+    # b starts from different weights, value head, seed and model seed: everything must come from the folder
+    b = make_agent(cfg, seed=123, model_seed=1, ref=a.ref_model)
+    b.load(tmp_path)
+
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["agent.json", "optimizer.pt", "policy.safetensors"]
+    json.loads((tmp_path / "agent.json").read_text())
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "policy.safetensors"), framework="pt") as f:
+        assert "v_head.summary.weight" in set(f.keys())
+    for path in tmp_path.iterdir():
+        if path.name != "optimizer.pt":
+            assert not _is_pickle_or_torch_zip(path), path
+    torch.load(tmp_path / "optimizer.pt", weights_only=True)
+
+    sa, sb = a.policy.state_dict(), b.policy.state_dict()
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    oa, ob = a.optimizer.state_dict(), b.optimizer.state_dict()
+    assert oa["param_groups"] == ob["param_groups"]
+    assert oa["state"].keys() == ob["state"].keys()
+    for k in oa["state"]:
+        for name in oa["state"][k]:
+            assert torch.equal(oa["state"][k][name], ob["state"][k][name]), (k, name)
+    assert b.kl_ctl.value == a.kl_ctl.value != cfg.init_kl_coef
+    assert b.score_moments == a.score_moments
+    ra, rb = a.rng.get_state(), b.rng.get_state()
+    assert ra[0] == rb[0] and np.array_equal(ra[1], rb[1]) and ra[2:] == rb[2:]
+    assert b.steps_since_load == a.steps_since_load
+
+    # from here on the two agents are indistinguishable
+    rollout = rollout_for(a, seed=2)
+    assert b.score_tokens(*token_lists(a.tokenizer.eos_token_id, 2)).logprobs.equal(rollout.logprobs)
+    stats_a, stats_b = a.learn(rollout, SCORES), b.learn(rollout, SCORES)
+    assert stats_a == stats_b
+    sa, sb = a.policy.state_dict(), b.policy.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert a.kl_ctl.value == b.kl_ctl.value
+
+
+# ------------------------------------------------------------------------------------------------------- (g)
+def test_learn_stats_and_adaptive_kl_update():
+    agent = make_agent()
+    rollout = rollout_for(agent)
+    stats = agent.learn(rollout, SCORES)
+    for key in ("policy_loss", "value_loss", "clipfrac", "approx_kl", "entropy", "kl", "kl_coef"):
+        assert key in stats, key
+    assert all(math.isfinite(v) for v in stats.values()), stats
+    assert 0.0 <= stats["clipfrac"] <= 1.0 and stats["approx_kl"] >= 0.0
+    # entropy is the full-vocabulary entropy of π_old, between 0 and log V
+    assert 0.0 < stats["entropy"] < math.log(agent.policy.pretrained_model.config.vocab_size)
+    # step 0: KL = 0 → e = clip(0/6 − 1, ±0.2) = −0.2; n = B = 4: β = 0.3·(1 − 0.2·4/10000) = 0.3·0.99992 = 0.299976
+    assert stats["kl_coef"] == 0.3  # the β used for this batch, from before the update
+    assert agent.kl_ctl.value == pytest.approx(0.299976, abs=1e-12)
+    # a second batch whose KL is > 0: the returned β is 0.299976 and the update follows the measured KL
+    rollout2 = rollout_for(agent, seed=1)
+    stats2 = agent.learn(rollout2, SCORES)
+    assert stats2["kl_coef"] == pytest.approx(0.299976, abs=1e-12)
+    mask = rollout2.response_mask.float()
+    assert stats2["kl"] == pytest.approx((rollout2.kls * mask).sum(-1).mean().item(), abs=1e-6)
+    assert stats2["kl"] > 0
+    e = float(np.clip(stats2["kl"] / 6.0 - 1.0, -0.2, 0.2))
+    assert agent.kl_ctl.value == pytest.approx(0.299976 * (1 + e * 4 / 10000), abs=1e-12)
+    # the non-score reward of this batch used the β from before the update, too
+    expected = ppo_core.masked_mean(-0.299976 * rollout2.kls, mask).item()
+    assert stats2["mean_non_score_reward"] == pytest.approx(expected, abs=1e-7)
+
+
+def test_fixed_kl_coef_does_not_move():
+    agent = make_agent(dataclasses.replace(CFG, adaptive_kl=False, init_kl_coef=0.05))
+    for seed in range(2):
+        stats = agent.learn(rollout_for(agent, seed=seed), SCORES)
+        assert stats["kl_coef"] == 0.05
+    assert agent.kl_ctl.value == 0.05

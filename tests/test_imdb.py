@@ -1,0 +1,186 @@
+"""The IMDB task (`cory.tasks.imdb.IMDBTask`) and its config `conf/task/imdb.yaml`.
+
+On a hand-made CSV: queries are the first 2–8 policy tokens of reviews > 200 chars from `source == "imdb"` rows,
+evaluation and training reviews are disjoint, the observer prompt is the exact template string, and `score`
+feeds q + a to the reward. The config test composes `conf/task/imdb.yaml` with Hydra, instantiates it with the
+default TF-IDF reward and with the documented `ClassifierReward` override. The packaged 25k-review CSV and the
+SmolLM2 conversion are `slow`. Run: `pytest -q tests/test_imdb.py -m "not slow"`.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from cory.hub import AssetUnavailableError
+from cory.models import byte_tokenizer
+from cory.tasks.imdb import IMDBTask
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+POSITIVE = ["wonderful", "brilliant", "moving", "delightful", "superb", "charming"]
+NEGATIVE = ["awful", "boring", "dreadful", "clumsy", "tedious", "painful"]
+SUBJECTS = ["acting", "script", "ending", "music", "pacing"]
+
+
+def write_reviews_csv(path: Path, n_per_label: int = 30) -> Path:
+    """A CSV (text,label,source) of template reviews; each imdb review starts with a unique word `id{label}x{i}`.
+
+    Two imdb reviews are too short (≤ 200 chars) and three rows come from another source: all five must be dropped.
+    """
+    rows = []
+    for label, words in ((1, POSITIVE), (0, NEGATIVE)):
+        for i, (word, subject) in zip(range(n_per_label), itertools.cycle(itertools.product(words, SUBJECTS))):
+            text = (
+                f"id{label}x{i} This film was {word}. The {subject} felt {word} from start to finish, and I left "
+                f"the cinema thinking how {word} it all was. Honestly the {subject} and the cast were {word}; "
+                f"{word} is the only word for it, and I will be telling my friends about it for weeks."
+            )
+            rows.append({"text": text, "label": label, "source": "imdb"})
+    rows += [{"text": f"short{i} This film was fine.", "label": 1, "source": "imdb"} for i in range(2)]
+    rows += [{"text": rows[0]["text"].replace("id1x0", f"rt{i}"), "label": 1, "source": "rt"} for i in range(3)]
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["text", "label", "source"])
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def word_tokenizer(csv_path: Path) -> PreTrainedTokenizerFast:
+    """A whitespace word-level tokenizer over the CSV's words, so a query's first word names its review."""
+    words = sorted({w for row in csv.DictReader(csv_path.open()) for w in row["text"].split()})
+    vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(words)}}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[UNK]")
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.setenv(var, "1")
+
+
+@pytest.fixture
+def reviews_csv(tmp_path: Path) -> Path:
+    return write_reviews_csv(tmp_path / "reviews.csv")
+
+
+def _length_reward(texts: list[str]) -> list[float]:
+    return [float(len(t)) for t in texts]
+
+
+def test_queries_are_2_to_8_policy_tokens(reviews_csv: Path) -> None:
+    tokenizer = byte_tokenizer()
+    task = IMDBTask(tokenizer, _length_reward, data_files=str(reviews_csv), num_eval=10)
+    lengths = [
+        len(tokenizer(q, add_special_tokens=False).input_ids) for q in task.train_queries() + task.eval_queries()
+    ]
+    assert min(lengths) >= 2 and max(lengths) <= 8 and len(set(lengths)) > 3
+    again = IMDBTask(tokenizer, _length_reward, data_files=str(reviews_csv), num_eval=10)
+    assert again.train_queries() == task.train_queries()  # deterministic given the seed
+    other = IMDBTask(tokenizer, _length_reward, data_files=str(reviews_csv), num_eval=10, seed=1)
+    assert other.train_queries() != task.train_queries()
+
+
+def test_eval_and_train_reviews_are_disjoint(reviews_csv: Path) -> None:
+    task = IMDBTask(word_tokenizer(reviews_csv), _length_reward, data_files=str(reviews_csv), num_eval=10)
+    train_ids = {q.split()[0] for q in task.train_queries()}
+    eval_ids = {q.split()[0] for q in task.eval_queries()}
+    assert len(eval_ids) == 10 and len(train_ids) == 50 and not train_ids & eval_ids
+    assert all(i.startswith("id") for i in train_ids | eval_ids)  # short and non-imdb rows are filtered out
+    limited = IMDBTask(
+        word_tokenizer(reviews_csv), _length_reward, data_files=str(reviews_csv), num_eval=10, num_train=7
+    )
+    assert len(limited.train_queries()) == 7 and limited.eval_queries() == task.eval_queries()
+
+
+def test_templates_and_score(reviews_csv: Path) -> None:
+    seen: list[list[str]] = []
+
+    def reward(texts: list[str]) -> list[float]:
+        seen.append(texts)
+        return _length_reward(texts)
+
+    task = IMDBTask(byte_tokenizer(), reward, data_files=str(reviews_csv), num_eval=4)
+    assert task.pioneer_prompt("This movie") == "This movie"
+    assert task.observer_prompt("This movie", " was fine.") == (
+        'I can make this sentence "This movie was fine." more positive: This movie'
+    )
+    assert task.score(["This movie", "I"], [" was fine.", " loved it"]) == [20.0, 10.0]
+    assert seen == [["This movie was fine.", "I loved it"]]
+    assert task.max_new_tokens == (4, 15) and task.generation_kwargs["top_k"] == 0
+
+
+def test_hub_source_fails_fast_offline() -> None:
+    start = time.perf_counter()
+    with pytest.raises(AssetUnavailableError, match="'imdb'.*task.source=packaged"):
+        IMDBTask(byte_tokenizer(), _length_reward, source="hub")
+    assert time.perf_counter() - start < 10.0
+
+
+def test_hub_source_uses_test_split_for_eval(monkeypatch: pytest.MonkeyPatch, reviews_csv: Path) -> None:
+    texts = [row["text"] for row in csv.DictReader(reviews_csv.open()) if row["text"].startswith("id")]
+    splits = {"train": {"text": texts[:40]}, "test": {"text": texts[39:]}}  # texts[39] is in both splits
+    monkeypatch.setattr("cory.tasks.imdb.load_dataset_or_fail", lambda name, key, hint, split: splits[split])
+    task = IMDBTask(word_tokenizer(reviews_csv), _length_reward, source="hub", num_eval=21)
+    eval_ids = {q.split()[0] for q in task.eval_queries()}
+    train_ids = {q.split()[0] for q in task.train_queries()}
+    assert eval_ids == {t.split()[0] for t in texts[39:]} and len(train_ids) == 39 and not eval_ids & train_ids
+
+
+def _compose(tmp_path: Path, overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+
+    conf = tmp_path / "conf"
+    (conf / "task").mkdir(parents=True)
+    shutil.copy(CONF / "task" / "imdb.yaml", conf / "task" / "imdb.yaml")
+    # A minimal root config standing in for conf/train.yaml: the task group and the `cache_dir` it interpolates.
+    (conf / "root.yaml").write_text(f"defaults:\n  - task: imdb\n  - _self_\ncache_dir: {tmp_path / 'cache'}\n")
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        return compose("root", overrides=overrides)
+
+
+def test_config_instantiates_with_default_and_classifier_rewards(tmp_path: Path, reviews_csv: Path) -> None:
+    from hydra.utils import instantiate
+
+    from cory.rewards import ClassifierReward, TfidfSentimentReward
+
+    data = [f"task.data_files={reviews_csv}", "task.num_eval=10", f"+task.reward.data_files={reviews_csv}"]
+    task = instantiate(_compose(tmp_path, data).task, tokenizer=byte_tokenizer())
+    assert isinstance(task.reward, TfidfSentimentReward) and task.reward.path.parent == tmp_path / "cache"
+    assert len(task.eval_queries()) == 10 and isinstance(task.generation_kwargs, dict)
+    positive, negative = task.score(["The film was"] * 2, [" wonderful and superb", " awful and boring"])
+    assert positive > negative
+
+    from test_rewards import _save_tiny_classifier
+
+    _save_tiny_classifier(tmp_path / "clf", {0: "NEGATIVE", 1: "POSITIVE"})
+    override = [  # the override documented at the top of conf/task/imdb.yaml
+        "task.reward._target_=cory.rewards.ClassifierReward",
+        "~task.reward.cache_dir",
+        "~task.reward.seed",
+        f"+task.reward.name_or_path={tmp_path / 'clf'}",
+    ]
+    cfg = _compose(tmp_path / "second", override)
+    assert isinstance(instantiate(cfg.task.reward), ClassifierReward)
+
+
+@pytest.mark.slow
+def test_packaged_imdb_with_smollm2_tokenizer() -> None:
+    """The real assets: 25k packaged reviews cut with the SmolLM2 tokenizer (converted once into ~/.cache/cory)."""
+    from transformers import AutoTokenizer
+
+    from cory.assets import smollm2_135m_dir
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_135m_dir(Path("~/.cache/cory").expanduser()))
+    task = IMDBTask(tokenizer, _length_reward)
+    assert len(task.eval_queries()) == 256 and len(task.train_queries()) > 24_000
+    lengths = {len(tokenizer(q, add_special_tokens=False).input_ids) for q in task.eval_queries()}
+    assert lengths <= set(range(1, 9))  # decode → re-encode may merge tokens, never add them

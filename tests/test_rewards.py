@@ -1,0 +1,131 @@
+"""Sentiment rewards (`cory.rewards`): raw positive logits from a classifier folder, and the TF-IDF stand-in.
+
+`ClassifierReward` is checked on a tiny random DistilBERT saved to a tmp folder (score == raw POSITIVE logit,
+label lookup by name, truncation). `TfidfSentimentReward` is trained on a hand-made CSV into a tmp cache:
+positive texts score higher, the cache holds no pickle, and a reload gives identical scores without retraining.
+The real 25k-review training is `slow`. Run: `pytest -q tests/test_rewards.py -m "not slow"`.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import DistilBertConfig, DistilBertForSequenceClassification
+
+from cory.models import byte_tokenizer
+from cory.rewards import ClassifierReward, TfidfSentimentReward
+
+POSITIVE = ["wonderful", "brilliant", "moving", "delightful", "superb", "charming"]
+NEGATIVE = ["awful", "boring", "dreadful", "clumsy", "tedious", "painful"]
+SUBJECTS = ["acting", "script", "ending", "music", "pacing"]
+
+
+def write_reviews_csv(path: Path, n_per_label: int = 30) -> Path:
+    """A CSV (text,label,source) of template reviews longer than 200 characters; a few non-imdb rows."""
+    rows = []
+    for label, words in ((1, POSITIVE), (0, NEGATIVE)):
+        for i, (word, subject) in zip(range(n_per_label), itertools.cycle(itertools.product(words, SUBJECTS))):
+            text = (
+                f"id{label}x{i} This film was {word}. The {subject} felt {word} from start to finish, and I left "
+                f"the cinema thinking how {word} it all was. Honestly the {subject} and the cast were {word}; "
+                f"{word} is the only word for it, and I will be telling my friends about it for weeks."
+            )
+            rows.append({"text": text, "label": label, "source": "imdb"})
+    rows += [{"text": "A short rotten tomatoes blurb.", "label": 1, "source": "rt"}] * 3
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["text", "label", "source"])
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.setenv(var, "1")
+
+
+def _save_tiny_classifier(folder: Path, id2label: dict[int, str]) -> None:
+    tokenizer = byte_tokenizer()
+    config = DistilBertConfig(
+        vocab_size=len(tokenizer),
+        dim=16,
+        n_layers=1,
+        n_heads=2,
+        hidden_dim=32,
+        max_position_embeddings=64,
+        id2label=id2label,
+        label2id={v: k for k, v in id2label.items()},
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    DistilBertForSequenceClassification(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+@pytest.mark.parametrize(
+    "id2label, positive_index",
+    [({0: "NEGATIVE", 1: "POSITIVE"}, 1), ({0: "POSITIVE", 1: "NEGATIVE"}, 0), ({0: "LABEL_0", 1: "LABEL_1"}, 1)],
+)
+def test_classifier_reward_is_raw_positive_logit(tmp_path: Path, id2label: dict, positive_index: int) -> None:
+    _save_tiny_classifier(tmp_path, id2label)
+    reward = ClassifierReward(str(tmp_path), batch_size=2)
+    texts = ["This movie was great", "terrible boring film", "ok", "x" * 500]  # the last one needs truncation
+    scores = reward(texts)
+    assert len(scores) == 4 and all(isinstance(s, float) for s in scores)
+    with torch.no_grad():
+        for text, score in zip(texts, scores, strict=True):
+            ids = reward.tokenizer(text, truncation=True, max_length=64, return_tensors="pt")
+            expected = reward.model(**ids).logits[0, positive_index].item()
+            assert score == pytest.approx(expected, abs=1e-5)
+
+
+def test_tfidf_reward_trains_caches_without_pickle_and_reloads(tmp_path: Path, capsys) -> None:
+    data = write_reviews_csv(tmp_path / "reviews.csv")
+    reward = TfidfSentimentReward(cache_dir=str(tmp_path / "cache"), data_files=str(data))
+    assert "held-out accuracy" in capsys.readouterr().out
+    assert reward.meta["n_train"] == 48 and reward.meta["n_eval"] == 12  # the 3 non-imdb rows are dropped
+    positive = ["The acting was wonderful and superb", "a delightful, charming film"]
+    negative = ["The acting was awful and boring", "a dreadful, tedious film"]
+    scores = np.array(reward(positive + negative))
+    assert scores[:2].min() > 0 > scores[2:].max()
+
+    files = {p.name for p in reward.path.iterdir()}
+    assert files == {"vocabulary.json", "arrays.safetensors", "meta.json"}
+    reloaded = TfidfSentimentReward(cache_dir=str(tmp_path / "cache"), data_files=str(data))
+    assert capsys.readouterr().out == ""  # loaded from the cache, not retrained
+    assert reloaded(positive + negative) == scores.tolist()
+    other_seed = TfidfSentimentReward(cache_dir=str(tmp_path / "cache"), data_files=str(data), seed=1)
+    assert other_seed.path != reward.path
+
+
+def test_tfidf_reward_matches_sklearn(tmp_path: Path) -> None:
+    """The pickle-free scorer equals sklearn's TfidfVectorizer + LogisticRegression fitted the same way."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+
+    data = write_reviews_csv(tmp_path / "reviews.csv")
+    reward = TfidfSentimentReward(cache_dir=str(tmp_path / "cache"), data_files=str(data), eval_fraction=0.0)
+    rows = list(csv.DictReader(data.open()))
+    rows = [r for r in rows if r["source"] == "imdb"]
+    order = np.random.default_rng(0).permutation(len(rows))  # same shuffle; no held-out rows here
+    texts, labels = [rows[i]["text"] for i in order], [int(rows[i]["label"]) for i in order]
+    vectorizer = TfidfVectorizer(ngram_range=(1, 2), min_df=2, max_features=200_000, sublinear_tf=True)
+    classifier = LogisticRegression(C=4, max_iter=1000).fit(vectorizer.fit_transform(texts), labels)
+    probe = ["wonderful acting", "boring and painful script", "nothing in the vocabulary zzz", ""]
+    expected = classifier.decision_function(vectorizer.transform(probe))
+    np.testing.assert_allclose(reward(probe), expected, rtol=0, atol=1e-9)
+
+
+@pytest.mark.slow
+def test_real_tfidf_reward_on_packaged_imdb(tmp_path: Path) -> None:
+    """Trains on the 25k packaged IMDB reviews (~20 s): ENVIRONMENT.md §7 reports 0.902 held-out accuracy."""
+    reward = TfidfSentimentReward(cache_dir=str(tmp_path))
+    assert reward.accuracy > 0.88
+    great, terrible = reward(["This movie was great", "terrible boring film"])
+    assert great > 2.0 and terrible < -3.0
