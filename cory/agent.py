@@ -20,6 +20,7 @@ from safetensors.torch import load_model, save_model
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from cory import ppo_core
+from cory.distributed import world_size
 from cory.models import PolicyWithValueHead
 from cory.rollout import Rollout, forward_logits, generate, pad, score_forward
 
@@ -117,8 +118,13 @@ class Agent:
         self.policy.train(train_mode)
         with self._autocast():
             prompt_ids, response_ids = generate(
-                self.policy.pretrained_model, self.tokenizer, prompts, max_new_tokens, generation_kwargs,
-                self.device, batch_size,
+                self.policy.pretrained_model,
+                self.tokenizer,
+                prompts,
+                max_new_tokens,
+                generation_kwargs,
+                self.device,
+                batch_size,
             )
         self.policy.eval()
         if lengths is not None:
@@ -147,8 +153,13 @@ class Agent:
         r_ids, r_mask = pad(response_ids, self.tokenizer.pad_token_id, left=False)
         with self._autocast():
             out = score_forward(
-                self.policy, self.ref_model, p_ids.to(self.device), p_mask.to(self.device),
-                r_ids.to(self.device), r_mask.to(self.device), kl_estimator or self.config.kl_penalty,
+                self.policy,
+                self.ref_model,
+                p_ids.to(self.device),
+                p_mask.to(self.device),
+                r_ids.to(self.device),
+                r_mask.to(self.device),
+                kl_estimator or self.config.kl_penalty,
                 self.forward_batch_size,
             )
         out = {k: v.cpu() for k, v in out.items()}
@@ -156,9 +167,17 @@ class Agent:
         if prompts is None:
             prompts = self.tokenizer.batch_decode(prompt_ids, skip_special_tokens=True)
         return Rollout(
-            prompts=list(prompts), responses=texts, prompt_ids=p_ids, prompt_mask=p_mask, response_ids=r_ids,
-            response_mask=r_mask, logprobs=out["logprobs"], ref_logprobs=out["ref_logprobs"],
-            values=out["values"], kls=out["kls"] * r_mask, entropy=out["entropy"],
+            prompts=list(prompts),
+            responses=texts,
+            prompt_ids=p_ids,
+            prompt_mask=p_mask,
+            response_ids=r_ids,
+            response_mask=r_mask,
+            logprobs=out["logprobs"],
+            ref_logprobs=out["ref_logprobs"],
+            values=out["values"],
+            kls=out["kls"] * r_mask,
+            entropy=out["entropy"],
             hit_max_tokens=torch.zeros(len(r_ids), dtype=torch.bool),
         )
 
@@ -201,7 +220,7 @@ class Agent:
                 break
         # 5. adaptive KL control on the batch-mean sequence KL (§2.8)
         kl_seq = (rollout.kls * mask).sum(-1)
-        self.kl_ctl.update(kl_seq.mean().item(), batch_size * _world_size())
+        self.kl_ctl.update(kl_seq.mean().item(), batch_size * world_size())
         self.steps_since_load += 1
         out = {k: float(np.mean([s[k] for s in stats])) for k in stats[0]} if stats else {}
         out.update(
@@ -264,10 +283,11 @@ class Agent:
     def _optimizer_step(self) -> bool:
         """Average gradients across processes, clip, step; a non-finite gradient skips the step (False)."""
         params = [p for p in self.policy.parameters() if p.requires_grad]
-        if _world_size() > 1:  # data-parallel: average gradients over processes (accelerate/torchrun launch)
+        if world_size() > 1:  # data-parallel: average gradients over processes (cory/distributed.py)
             for p in params:
                 if p.grad is not None:
-                    torch.distributed.all_reduce(p.grad, op=torch.distributed.ReduceOp.AVG)
+                    torch.distributed.all_reduce(p.grad)  # SUM then divide: gloo has no AVG
+                    p.grad /= world_size()
         grads = [p.grad for p in params if p.grad is not None]
         if not all(torch.isfinite(g).all() for g in grads):
             self.optimizer.zero_grad()
@@ -312,8 +332,3 @@ class Agent:
         self.kl_ctl.value = self.config.init_kl_coef
         self.score_moments = ppo_core.RunningMoments()
         self.steps_since_load = 0  # the official swap reloads the models
-
-
-def _world_size() -> int:
-    dist = torch.distributed
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1

@@ -27,8 +27,14 @@ def evaluate(
     never changes the training run's random stream."""
     with torch.random.fork_rng(devices=[agent.device] if agent.device.type == "cuda" else []):
         torch.manual_seed(seed)
-        rollout = agent.act([task.pioneer_prompt(q) for q in queries], max(lengths), task.generation_kwargs,
-                            batch_size, lengths=lengths, kl_estimator="full")
+        rollout = agent.act(
+            [task.pioneer_prompt(q) for q in queries],
+            max(lengths),
+            task.generation_kwargs,
+            batch_size,
+            lengths=lengths,
+            kl_estimator="full",
+        )
     scores, _ = SafeScorer(task)(queries, rollout.responses)
     r = torch.tensor(scores)
     kl_seq = rollout.kls.sum(-1)
@@ -38,6 +44,8 @@ def evaluate(
         "combined_reward": (r - task.eval_kl_coef * kl_seq).mean().item(),
         "response_length": rollout.response_mask.sum(-1).float().mean().item(),
     }
-    samples = [{"query": q, "response": a, "reward": s, "kl": k}
-               for q, a, s, k in zip(queries[:4], rollout.responses, scores, kl_seq.tolist())]
+    samples = [
+        {"query": q, "response": a, "reward": s, "kl": k}
+        for q, a, s, k in zip(queries[:4], rollout.responses, scores, kl_seq.tolist())
+    ]
     return metrics, samples

@@ -67,7 +67,8 @@ METRICS: dict[str, str] = {
     # Training rollouts, per agent, in the agent's current role and prompt (batch means).
     train_key(_A, "task_reward"): "Task reward r(q, a) of the agent's own response, before any score scaling.",
     train_key(_A, "kl"): (
-        "KL_seq: full-vocabulary KL(π_θ ‖ π0) on the agent's own prompt, summed over response tokens (EOS included)."
+        "KL_seq: per-token KL to π0 on the agent's own prompt (the penalty's estimator, `full` by default: "
+        "Σ_v π_θ log π_θ/π0), summed over response tokens (EOS included)."
     ),
     train_key(_A, "kl_per_token"): "KL_seq / T per response, batch mean.",
     train_key(_A, "kl_coef"): "β used for this iteration's KL-shaped rewards (before the adaptive controller update).",
@@ -96,9 +97,15 @@ METRICS: dict[str, str] = {
         _A, "entropy"
     ): "Mean full-vocabulary token entropy in the training forward pass (TRL's `policy/entropy`).",
     ppo_key(_A, "ratio"): "Mean probability ratio π_θ / π_old over response tokens.",
-    ppo_key(_A, "ratio_threshold_hits"): "Minibatches skipped because their mean ratio exceeded the threshold.",
+    ppo_key(
+        _A, "ratio_threshold_hits"
+    ): "Minibatches whose mean ratio exceeded `ratio_threshold` (loss zeroed, as TRL).",
     ppo_key(_A, "explained_variance"): "1 − Var(returns − values) / Var(returns) over response tokens.",
     ppo_key(_A, "mean_non_score_reward"): "Masked token mean of −β·kl_t (TRL's `ppo/mean_non_score_reward`).",
+    ppo_key(_A, "nonfinite_skipped"): "1 when the whole update was skipped for a non-finite reward, KL or value.",
+    ppo_key(_A, "nonfinite_steps"): "Optimiser steps skipped because a gradient was non-finite.",
+    "train/reward_failures": "Samples whose reward function raised this iteration (given the task's failure reward).",
+    "train/nonfinite_iterations": "Cumulative iterations with a non-finite loss, reward or KL (update skipped).",
     # Evaluation: each agent alone, query-only (pioneer) prompt, held-out queries (REFERENCE.md §1.6).
     eval_key(_A, "task_reward"): "Task reward of the agent alone on held-out queries (frontier x-axis).",
     eval_key(_A, "kl"): "KL_seq on the query-only prompt against π0 on held-out queries (frontier y-axis is −KL_seq).",
@@ -114,8 +121,8 @@ METRICS: dict[str, str] = {
     role_key("pioneer", "kl"): "KL_seq of whichever agent is the pioneer this iteration.",
     role_key("observer", "task_reward"): "Task reward of whichever agent is the observer this iteration.",
     role_key("observer", "kl"): "KL_seq of whichever agent is the observer this iteration.",
-    CORY_LLM1_ROLE: "Role held by LLM1 this iteration: 0 = pioneer, 1 = observer (LLM2 holds the other; 0 for PPO).",
-    CORY_SWAPS: "Cumulative number of role exchanges so far (0 for PPO).",
+    CORY_LLM1_ROLE: "Role held by LLM1 this iteration: 0 = pioneer, 1 = observer (LLM2 holds the other).",
+    CORY_SWAPS: "Cumulative number of role exchanges so far.",
 }
 del _A
 

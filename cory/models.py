@@ -117,12 +117,19 @@ def load_pretrained(
     An unreachable name fails within seconds with a message saying how to use a local folder (`cory.hub`).
     """
     tokenizer = from_pretrained_or_fail(
-        AutoTokenizer.from_pretrained, name_or_path, what="model", key="model.name_or_path",
+        AutoTokenizer.from_pretrained,
+        name_or_path,
+        what="model",
+        key="model.name_or_path",
         trust_remote_code=trust_remote_code,
     )
     model = from_pretrained_or_fail(
-        AutoModelForCausalLM.from_pretrained, name_or_path, what="model", key="model.name_or_path",
-        trust_remote_code=trust_remote_code, dtype=getattr(torch, dtype),
+        AutoModelForCausalLM.from_pretrained,
+        name_or_path,
+        what="model",
+        key="model.name_or_path",
+        trust_remote_code=trust_remote_code,
+        dtype=getattr(torch, dtype),
     )
     _set_pad_token(tokenizer, model)
     return model, tokenizer

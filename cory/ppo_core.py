@@ -213,9 +213,7 @@ class RunningMoments:
         self.count = tot_count
 
 
-def scale_scores(
-    scores: torch.Tensor, moments: RunningMoments, norm: bool, clip: float | None
-) -> torch.Tensor:
+def scale_scores(scores: torch.Tensor, moments: RunningMoments, norm: bool, clip: float | None) -> torch.Tensor:
     """R̃ = (R − μ)/(σ + ε) with `norm`, else R/(σ + ε); then optional clip to ±clip. [B] → [B].
 
     `moments` must already include this batch (TRL updates them before use).

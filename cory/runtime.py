@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import resource
@@ -39,6 +40,15 @@ def set_rng_state(state: dict) -> None:
     random.setstate((version, tuple(s), gauss))
     name, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+
+
+@contextlib.contextmanager
+def rng_untouched():
+    """Run a block (e.g. `wandb.init`) without moving the python, numpy or torch CPU global RNGs."""
+    state = rng_state()
+    with torch.random.fork_rng(devices=[]):
+        yield
+    set_rng_state(state)
 
 
 def torch_rng_states() -> dict[str, torch.Tensor]:

@@ -22,12 +22,13 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
-from cory import runtime
+from cory import distributed, runtime
 from cory.algorithms.base import Algorithm
+from cory.config import ConfigError
 from cory.evaluation import eval_lengths, evaluate
 from cory.tasks.base import Task
 
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 2  # 2: trainer.json records samples_lines (older checkpoints are refused, not misread)
 
 
 class CheckpointError(RuntimeError):
@@ -68,26 +69,29 @@ class Trainer:
         self.s, self.run_info = settings, run_info
         self.train_queries = task.train_queries()
         if len(self.train_queries) < settings.batch_size:
-            raise ValueError(f"the task has {len(self.train_queries)} training queries, fewer than "
-                             f"batch_size={settings.batch_size}")
+            raise ConfigError(
+                f"batch_size={settings.batch_size}: the task has only {len(self.train_queries)} training queries"
+            )
         self.eval_queries = task.eval_queries()[: settings.num_eval]
         self.eval_lengths = eval_lengths(len(self.eval_queries), task.max_new_tokens, settings.seed)
         self.iteration = 0  # number of completed iterations
         self.reseed_at = 0  # iteration of the last RNG reseed (official swap); length draws restart from it
         self.bad_streak = 0
         self.nonfinite_iterations = 0
-        self.metrics_lines = 0
+        self.metrics_lines = 0  # lines written to metrics.jsonl / samples.jsonl: a resume truncates to these
+        self.samples_lines = 0
         self.stop_requested = False
         self.wandb_run_id = getattr(logger, "run_id", None)
 
     # ------------------------------------------------------------------------------------------------ data
     def batch(self, k: int) -> list[str]:
         """Iteration k's queries: epoch-wise reshuffles seeded by (seed, epoch), drop_last (REFERENCE §3.1)."""
-        n, B = len(self.train_queries), self.s.batch_size
-        per_epoch = n // B
+        n, B, W = len(self.train_queries), self.s.batch_size, distributed.world_size()
+        per_epoch = n // (B * W)  # with W processes each takes its own slice of a global batch of B·W
         epoch, j = divmod(k, per_epoch)
         order = np.random.default_rng([self.s.seed, epoch]).permutation(n)
-        return [self.train_queries[i] for i in order[j * B : (j + 1) * B]]
+        start = (j * W + distributed.rank()) * B
+        return [self.train_queries[i] for i in order[start : start + B]]
 
     def max_new_tokens(self, k: int) -> int:
         """One draw from U{lo..hi} per iteration, shared by every generation of the iteration (§3.1)."""
@@ -97,57 +101,83 @@ class Trainer:
     # ------------------------------------------------------------------------------------------------ loop
     def fit(self) -> dict:
         start_time = time.perf_counter()
-        if self.iteration == 0:
-            self._log(self.evaluate(), step=0)  # before any update
-        initial = self._read_eval_row(0)
         previous = self._install_signal_handlers()
-        bar = tqdm(range(self.iteration, self.s.iterations), initial=self.iteration, total=self.s.iterations,
-                   disable=not self.s.progress, dynamic_ncols=True, desc=self.run_info.get("algorithm", "train"))
+        bar = tqdm(
+            range(self.iteration, self.s.iterations),
+            initial=self.iteration,
+            total=self.s.iterations,
+            disable=not self.s.progress,
+            dynamic_ncols=True,
+            desc=self.run_info.get("algorithm", "train"),
+        )
         try:
+            if self.iteration == 0:
+                self._log(self.evaluate(), step=0)  # before any update
             for k in bar:
+                if self.stop_requested:  # the signal came before the first iteration: nothing new to save
+                    self._print_stopped(saved=False)
+                    break
                 t0 = time.perf_counter()
                 out = self.algorithm.step(self.batch(k), self.max_new_tokens(k), k)
                 if out.reseed:
                     self._reseed(k + 1)
-                metrics = out.metrics | {"time/iteration_s": time.perf_counter() - t0,
-                                         "memory/peak_mb": runtime.peak_memory_mb(self._device())}
+                metrics = out.metrics | {
+                    "time/iteration_s": time.perf_counter() - t0,
+                    "memory/peak_mb": runtime.peak_memory_mb(self._device()),
+                }
                 bad = self._count_nonfinite(metrics)
                 metrics["train/nonfinite_iterations"] = float(self.nonfinite_iterations)
                 self._log(metrics, step=k, samples=out.samples)
                 bar.set_postfix(self._postfix(metrics), refresh=False)
                 self.iteration = k + 1
                 last = self.iteration == self.s.iterations
-                if self.s.eval_every and self.iteration % self.s.eval_every == 0 and not last:
+                if last or (self.s.eval_every and self.iteration % self.s.eval_every == 0):
                     self._log(self.evaluate(), step=self.iteration)
-                if last:
-                    self._log(self.evaluate(), step=self.iteration)
-                if bad:
-                    if self.bad_streak >= self.s.max_bad_iterations:
-                        raise NonFiniteError(
-                            f"{self.bad_streak} consecutive iterations had a non-finite loss, reward or KL "
-                            f"(last: {k}); stopping. The last good checkpoint is intact under "
-                            f"{self.run_dir / 'checkpoints'}; lower the learning rate or check the reward.")
-                    continue  # never checkpoint a bad iteration
-                if last or self.stop_requested or (self.s.save_every and self.iteration % self.s.save_every == 0):
+                if bad and self.bad_streak >= self.s.max_bad_iterations:
+                    raise NonFiniteError(
+                        f"{self.bad_streak} consecutive iterations had a non-finite loss, reward or KL "
+                        f"(max_bad_iterations={self.s.max_bad_iterations}, last: iteration {k}); stopping. The last "
+                        f"good checkpoint is intact under {self.run_dir / 'checkpoints'}; lower the learning rate "
+                        f"or check the reward."
+                    )
+                # a bad iteration is never checkpointed: resuming restarts from the last good one
+                if not bad and (
+                    last or self.stop_requested or (self.s.save_every and self.iteration % self.s.save_every == 0)
+                ):
                     self.save_checkpoint()
                 if self.stop_requested:
-                    print(f"\n[cory] stopped after iteration {self.iteration} on a signal; checkpoint saved. "
-                          f"Resume with: python -m cory.train resume={self.run_dir}")
+                    self._print_stopped(saved=not bad)
                     break
         finally:
             bar.close()
             self._restore_signal_handlers(previous)
-        summary = self._summary(initial, time.perf_counter() - start_time)
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        summary = self._summary(self._read_eval_row(0), time.perf_counter() - start_time)
+        if distributed.world_size() > 1:  # every process must hold the same weights after data-parallel updates
+            in_sync = all(distributed.weights_in_sync(a.policy) for a in self.algorithm.agents.values())
+            summary |= {"world_size": distributed.world_size(), "weights_in_sync": in_sync}
+        if distributed.is_main():
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
+
+    def _print_stopped(self, saved: bool) -> None:
+        what = "checkpoint saved" if saved else "no new checkpoint (the last good one is kept)"
+        print(
+            f"\n[cory] stopped after iteration {self.iteration} on a signal; {what}. "
+            f"Resume with: python -m cory.train resume={self.run_dir}",
+            flush=True,
+        )
 
     def evaluate(self) -> dict[str, float]:
         metrics: dict[str, float] = {}
+        if not distributed.is_main():  # rank 0 evaluates and logs; the others go on to the next iteration
+            return metrics
         for agent_id, agent in self.algorithm.agents.items():
-            m, samples = evaluate(agent, self.task, self.eval_queries, self.eval_lengths, self.s.eval_batch_size,
-                                  seed=self.s.seed + 7919 * self.iteration)
+            m, samples = evaluate(
+                agent, self.task, self.eval_queries, self.eval_lengths, self.s.eval_batch_size, seed=self.s.seed
+            )  # common random numbers: before/after differ by the policy only
             metrics |= {f"eval/{agent_id}/{k}": v for k, v in m.items()}
             self.logger.log_table(f"eval/{agent_id}/samples", samples, self.iteration)
+            self.samples_lines += len(samples)
         return metrics
 
     # ------------------------------------------------------------------------------------------ checkpoints
@@ -155,8 +185,11 @@ class Trainer:
         """Write `checkpoints/iter_<k>` atomically (temp folder + rename) and keep the last K."""
         root = self.run_dir / "checkpoints"
         final = root / f"iter_{self.iteration:06d}"
+        if not distributed.is_main():  # weights are identical on every process: rank 0 writes them
+            return final
         tmp = root / f".tmp-iter_{self.iteration:06d}-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
+        for stale in root.glob(".tmp-*"):  # left by a crash mid-write; one process writes a run's checkpoints
+            shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir(parents=True)
         for agent_id, agent in self.algorithm.agents.items():
             agent.save(tmp / "agents" / agent_id)
@@ -171,6 +204,7 @@ class Trainer:
             "bad_streak": self.bad_streak,
             "nonfinite_iterations": self.nonfinite_iterations,
             "metrics_lines": self.metrics_lines,
+            "samples_lines": self.samples_lines,
             "wandb_run_id": self.wandb_run_id,
             "run_info": self.run_info,
         }
@@ -186,12 +220,14 @@ class Trainer:
         try:
             state = json.loads((path / "trainer.json").read_text())
         except (OSError, ValueError) as err:
-            raise CheckpointError(f"checkpoint {path} is unreadable ({err}); delete it to fall back to an "
-                                  f"earlier one") from err
+            raise CheckpointError(
+                f"checkpoint {path} is unreadable ({err}); delete it to fall back to an earlier one"
+            ) from err
         if state.get("format") != CHECKPOINT_FORMAT or state.get("agents") != sorted(self.algorithm.agents):
             raise CheckpointError(
                 f"checkpoint {path} is incompatible with this run: format {state.get('format')} vs "
-                f"{CHECKPOINT_FORMAT}, agents {state.get('agents')} vs {sorted(self.algorithm.agents)}")
+                f"{CHECKPOINT_FORMAT}, agents {state.get('agents')} vs {sorted(self.algorithm.agents)}"
+            )
         try:
             for agent_id, agent in self.algorithm.agents.items():
                 agent.load(path / "agents" / agent_id)
@@ -203,8 +239,9 @@ class Trainer:
         runtime.set_torch_rng_states(torch_states)
         self.iteration, self.reseed_at = state["iteration"], state["reseed_at"]
         self.bad_streak, self.nonfinite_iterations = state["bad_streak"], state["nonfinite_iterations"]
-        self.metrics_lines = state["metrics_lines"]
+        self.metrics_lines, self.samples_lines = state["metrics_lines"], state["samples_lines"]
         self.wandb_run_id = state["wandb_run_id"]
+        self.run_info = state["run_info"]  # the run's identity (model choice, git SHA) is that of its first start
 
     # ------------------------------------------------------------------------------------------------ helpers
     def _log(self, metrics: dict[str, float], step: int, samples: list[dict] | None = None) -> None:
@@ -212,6 +249,7 @@ class Trainer:
         self.metrics_lines += 1
         if samples:
             self.logger.log_table("train/samples", samples, step)
+            self.samples_lines += len(samples)
 
     def _read_eval_row(self, step: int) -> dict:
         path = self.run_dir / "metrics.jsonl"
@@ -255,16 +293,24 @@ class Trainer:
                 agents[agent_id] = {k: final.get(f"eval/{agent_id}/{k}") for k in keys}
             if initial:
                 before[agent_id] = {k: initial.get(f"eval/{agent_id}/{k}") for k in keys}
-        return self.run_info | {"iterations": self.iteration, "completed": self.iteration == self.s.iterations,
-                                "agents": agents, "initial": before, "wall_time_s": wall_s}
+        return self.run_info | {
+            "iterations": self.iteration,
+            "completed": self.iteration == self.s.iterations,
+            "agents": agents,
+            "initial": before,
+            "wall_time_s": wall_s,
+        }
 
     def _install_signal_handlers(self) -> dict:
         """SIGTERM (SLURM pre-emption) and SIGINT (Ctrl-C): finish the iteration, checkpoint, exit cleanly."""
 
         def handler(signum: int, _frame) -> None:
             self.stop_requested = True
-            print(f"\n[cory] {signal.Signals(signum).name} received: finishing this iteration, then saving a "
-                  f"checkpoint (send it again to abort at once)")
+            print(
+                f"\n[cory] {signal.Signals(signum).name} received: finishing this iteration, then saving a "
+                f"checkpoint (send it again to abort at once)",
+                flush=True,
+            )
             signal.signal(signum, previous.get(signum, signal.SIG_DFL))
 
         previous = {}

@@ -67,25 +67,70 @@ STAT_PAIRS = [
 ]
 
 DEFAULT_CASES: list[dict] = [
-    {"name": "full_8-8-1", "kl_penalty": "full", "batch_size": 8, "mini_batch_size": 8, "gradient_accumulation_steps": 1},
-    {"name": "full_8-2-2", "kl_penalty": "full", "batch_size": 8, "mini_batch_size": 2, "gradient_accumulation_steps": 2},
-    {"name": "full_8-4-1", "kl_penalty": "full", "batch_size": 8, "mini_batch_size": 4, "gradient_accumulation_steps": 1},
+    {
+        "name": "full_8-8-1",
+        "kl_penalty": "full",
+        "batch_size": 8,
+        "mini_batch_size": 8,
+        "gradient_accumulation_steps": 1,
+    },
+    {
+        "name": "full_8-2-2",
+        "kl_penalty": "full",
+        "batch_size": 8,
+        "mini_batch_size": 2,
+        "gradient_accumulation_steps": 2,
+    },
+    {
+        "name": "full_8-4-1",
+        "kl_penalty": "full",
+        "batch_size": 8,
+        "mini_batch_size": 4,
+        "gradient_accumulation_steps": 1,
+    },
     {"name": "kl_8-8-1", "kl_penalty": "kl", "batch_size": 8, "mini_batch_size": 8, "gradient_accumulation_steps": 1},
     {"name": "kl_8-2-2", "kl_penalty": "kl", "batch_size": 8, "mini_batch_size": 2, "gradient_accumulation_steps": 2},
     {"name": "kl_8-4-1", "kl_penalty": "kl", "batch_size": 8, "mini_batch_size": 4, "gradient_accumulation_steps": 1},
-    {"name": "full_8-4-1_scorenorm", "kl_penalty": "full", "batch_size": 8, "mini_batch_size": 4,
-         "gradient_accumulation_steps": 1, "use_score_scaling": True, "use_score_norm": True},
-    {"name": "kl_8-2-2_scorescale", "kl_penalty": "kl", "batch_size": 8, "mini_batch_size": 2,
-         "gradient_accumulation_steps": 2, "use_score_scaling": True, "use_score_norm": False},
-    {"name": "full_8-2-2_ratio_threshold", "kl_penalty": "full", "batch_size": 8, "mini_batch_size": 2,
-         "gradient_accumulation_steps": 2, "ratio_threshold": 1.0001},
+    {
+        "name": "full_8-4-1_scorenorm",
+        "kl_penalty": "full",
+        "batch_size": 8,
+        "mini_batch_size": 4,
+        "gradient_accumulation_steps": 1,
+        "use_score_scaling": True,
+        "use_score_norm": True,
+    },
+    {
+        "name": "kl_8-2-2_scorescale",
+        "kl_penalty": "kl",
+        "batch_size": 8,
+        "mini_batch_size": 2,
+        "gradient_accumulation_steps": 2,
+        "use_score_scaling": True,
+        "use_score_norm": False,
+    },
+    {
+        "name": "full_8-2-2_ratio_threshold",
+        "kl_penalty": "full",
+        "batch_size": 8,
+        "mini_batch_size": 2,
+        "gradient_accumulation_steps": 2,
+        "ratio_threshold": 1.0001,
+    },
 ]
 
 # Not part of the default grid (`--extra`): TRL checks early stopping once per epoch, after all its optimiser
 # steps, on the last minibatch's policy KL.
 EXTRA_CASES: list[dict] = [
-    {"name": "full_8-2-2_early_stop", "kl_penalty": "full", "batch_size": 8, "mini_batch_size": 2,
-         "gradient_accumulation_steps": 2, "early_stopping": True, "target_kl": 1e-4},
+    {
+        "name": "full_8-2-2_early_stop",
+        "kl_penalty": "full",
+        "batch_size": 8,
+        "mini_batch_size": 2,
+        "gradient_accumulation_steps": 2,
+        "early_stopping": True,
+        "target_kl": 1e-4,
+    },
 ]
 
 
@@ -256,8 +301,14 @@ def run_case(
         ours = dict(agent.policy.named_parameters())
         if set(theirs) != set(ours):
             raise AssertionError(f"parameter names differ: {sorted(set(theirs) ^ set(ours))}")
-        out = {"all": 0.0, "all_name": "", "excl_key_bias": 0.0, "excl_key_bias_name": "", "key_bias": 0.0,
-               "v_head": 0.0}
+        out = {
+            "all": 0.0,
+            "all_name": "",
+            "excl_key_bias": 0.0,
+            "excl_key_bias_name": "",
+            "key_bias": 0.0,
+            "v_head": 0.0,
+        }
         for k, p in ours.items():
             d = (p.detach() - theirs[k].detach()).abs()
             if k.endswith("attn.c_attn.bias"):  # [q | k | v] biases
@@ -273,12 +324,25 @@ def run_case(
 
     init = {k: v.detach().clone() for k, v in agent.policy.named_parameters()}
     d0 = param_diffs()["all"]
-    report: dict = {"name": name, "settings": {
-        "kl_penalty": kl_penalty, "batch_size": batch_size, "mini_batch_size": mini_batch_size,
-        "gradient_accumulation_steps": gradient_accumulation_steps, "use_score_scaling": use_score_scaling,
-        "use_score_norm": use_score_norm, "whiten_rewards": whiten_rewards, "ratio_threshold": ratio_threshold,
-        "early_stopping": early_stopping, "learning_rate": learning_rate, "ppo_epochs": ppo_epochs, "seed": seed,
-    }, "initial_param_max_abs_diff": d0, "steps": []}
+    report: dict = {
+        "name": name,
+        "settings": {
+            "kl_penalty": kl_penalty,
+            "batch_size": batch_size,
+            "mini_batch_size": mini_batch_size,
+            "gradient_accumulation_steps": gradient_accumulation_steps,
+            "use_score_scaling": use_score_scaling,
+            "use_score_norm": use_score_norm,
+            "whiten_rewards": whiten_rewards,
+            "ratio_threshold": ratio_threshold,
+            "early_stopping": early_stopping,
+            "learning_rate": learning_rate,
+            "ppo_epochs": ppo_epochs,
+            "seed": seed,
+        },
+        "initial_param_max_abs_diff": d0,
+        "steps": [],
+    }
     failures: list[str] = []
     if d0 != 0.0:
         failures.append(f"initial parameters differ by {d0}")
@@ -318,22 +382,28 @@ def run_case(
         if pd["key_bias"] > key_bias_tol:
             failures.append(f"step {step}: attention key bias differs by {pd['key_bias']:.3g} > {key_bias_tol}")
         if trl_hits != int(our_stats["ratio_threshold_hits"]):
-            failures.append(f"step {step}: ratio-threshold hits TRL {trl_hits} vs ours {our_stats['ratio_threshold_hits']}")
-        report["steps"].append({
-            "step": step,
-            "param_max_abs_diff": pd["all"],
-            "param_max_abs_diff_excl_key_bias": pd["excl_key_bias"],
-            "param_max_abs_diff_excl_key_bias_name": pd["excl_key_bias_name"],
-            "attn_key_bias_max_abs_diff": pd["key_bias"],
-            "v_head_max_abs_diff": pd["v_head"],
-            "param_max_abs_change_from_init": moved,
-            "kl_coef_after_update": {"trl": kl_trl, "ours": kl_ours, "abs_diff": abs(kl_trl - kl_ours)},
-            "ratio_threshold_hits": {"trl": trl_hits, "ours": int(our_stats["ratio_threshold_hits"])},
-            "stats": stats,
-        })
+            failures.append(
+                f"step {step}: ratio-threshold hits TRL {trl_hits} vs ours {our_stats['ratio_threshold_hits']}"
+            )
+        report["steps"].append(
+            {
+                "step": step,
+                "param_max_abs_diff": pd["all"],
+                "param_max_abs_diff_excl_key_bias": pd["excl_key_bias"],
+                "param_max_abs_diff_excl_key_bias_name": pd["excl_key_bias_name"],
+                "attn_key_bias_max_abs_diff": pd["key_bias"],
+                "v_head_max_abs_diff": pd["v_head"],
+                "param_max_abs_change_from_init": moved,
+                "kl_coef_after_update": {"trl": kl_trl, "ours": kl_ours, "abs_diff": abs(kl_trl - kl_ours)},
+                "ratio_threshold_hits": {"trl": trl_hits, "ours": int(our_stats["ratio_threshold_hits"])},
+                "stats": stats,
+            }
+        )
     report["max_stat_rel_diff"] = max(
         v["abs_diff"] / max(abs(v["trl"]), abs(v["ours"]), 1e-12)
-        for s in report["steps"] for v in s["stats"].values() if "note" not in v
+        for s in report["steps"]
+        for v in s["stats"].values()
+        if "note" not in v
     )
     for label, s in (("step1", report["steps"][0]), ("last", report["steps"][-1])):
         report[f"param_max_abs_diff_excl_key_bias_{label}"] = s["param_max_abs_diff_excl_key_bias"]
@@ -362,10 +432,13 @@ def main(argv: list[str] | None = None) -> int:
             for s in r["steps"]:
                 s["stats"] = {k: v["abs_diff"] for k, v in s["stats"].items()}
         results.append(r)
-        print(f"{'PASS' if r['passed'] else 'FAIL'} {r['name']}: params Δ (excl. key bias) step 1 "
-              f"{r['param_max_abs_diff_excl_key_bias_step1']:.2e}, step {len(r['steps'])} "
-              f"{r['param_max_abs_diff_excl_key_bias_last']:.2e}; key bias {r['attn_key_bias_max_abs_diff_last']:.2e}; "
-              f"stats max rel Δ {r['max_stat_rel_diff']:.2e}", file=sys.stderr)
+        print(
+            f"{'PASS' if r['passed'] else 'FAIL'} {r['name']}: params Δ (excl. key bias) step 1 "
+            f"{r['param_max_abs_diff_excl_key_bias_step1']:.2e}, step {len(r['steps'])} "
+            f"{r['param_max_abs_diff_excl_key_bias_last']:.2e}; key bias {r['attn_key_bias_max_abs_diff_last']:.2e}; "
+            f"stats max rel Δ {r['max_stat_rel_diff']:.2e}",
+            file=sys.stderr,
+        )
     summary = {
         "trl_version": why,
         "all_passed": all(r["passed"] for r in results),

@@ -208,7 +208,12 @@ def test_act_truncates_after_first_eos_and_keeps_it():
     agent = make_agent()
     eos = agent.tokenizer.eos_token_id
     prompts = ["ab", "hello"]  # byte tokens: widths 2 and 5, so the batch is left-padded to 5
-    kwargs = {"do_sample": True, "top_k": 0, "top_p": 1.0, "logits_processor": LogitsProcessorList([_EosAt(5, eos, 2)])}
+    kwargs = {
+        "do_sample": True,
+        "top_k": 0,
+        "top_p": 1.0,
+        "logits_processor": LogitsProcessorList([_EosAt(5, eos, 2)]),
+    }
     torch.manual_seed(0)
     rollout = agent.act(prompts, max_new_tokens=6, generation_kwargs=kwargs, batch_size=2)
     assert rollout.response_mask.tolist() == [[1, 1, 1, 0, 0, 0], [1] * 6]

@@ -139,8 +139,7 @@ def _compose(tmp_path: Path, overrides: list[str]):
     from hydra import compose, initialize_config_dir
 
     conf = tmp_path / "conf"
-    (conf / "task").mkdir(parents=True)
-    shutil.copy(CONF / "task" / "imdb.yaml", conf / "task" / "imdb.yaml")
+    shutil.copytree(CONF / "task", conf / "task")
     # A minimal root config standing in for conf/train.yaml: the task group and the `cache_dir` it interpolates.
     (conf / "root.yaml").write_text(f"defaults:\n  - task: imdb\n  - _self_\ncache_dir: {tmp_path / 'cache'}\n")
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
@@ -163,10 +162,8 @@ def test_config_instantiates_with_default_and_classifier_rewards(tmp_path: Path,
 
     _save_tiny_classifier(tmp_path / "clf", {0: "NEGATIVE", 1: "POSITIVE"})
     override = [  # the override documented at the top of conf/task/imdb.yaml
-        "task.reward._target_=cory.rewards.ClassifierReward",
-        "~task.reward.cache_dir",
-        "~task.reward.seed",
-        f"+task.reward.name_or_path={tmp_path / 'clf'}",
+        "task/reward=distilbert_imdb",
+        f"task.reward.name_or_path={tmp_path / 'clf'}",
     ]
     cfg = _compose(tmp_path / "second", override)
     assert isinstance(instantiate(cfg.task.reward), ClassifierReward)

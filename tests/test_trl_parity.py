@@ -28,9 +28,7 @@ def _load_script():
 parity = _load_script()  # imports neither trl nor torch at module level
 _TRL_OK, _TRL_WHY = parity.trl_status()
 
-CASES = {
-    c["name"]: c for c in parity.DEFAULT_CASES if c["name"] in ("full_8-2-2", "kl_8-4-1")
-}
+CASES = {c["name"]: c for c in parity.DEFAULT_CASES if c["name"] in ("full_8-2-2", "kl_8-4-1")}
 
 
 @pytest.mark.skipif(not _TRL_OK, reason=_TRL_WHY)

@@ -60,9 +60,19 @@ def agent_metrics(
         "sampled_entropy": learn_stats.get("sampled_entropy", float("nan")),
     }
     out = {f"train/{agent_id}/{k}": v for k, v in m.items()}
-    ppo_keys = ("policy_loss", "value_loss", "clipfrac", "value_clipfrac", "approx_kl", "ratio",
-                "ratio_threshold_hits", "explained_variance", "mean_non_score_reward", "nonfinite_skipped",
-                "nonfinite_steps")
+    ppo_keys = (
+        "policy_loss",
+        "value_loss",
+        "clipfrac",
+        "value_clipfrac",
+        "approx_kl",
+        "ratio",
+        "ratio_threshold_hits",
+        "explained_variance",
+        "mean_non_score_reward",
+        "nonfinite_skipped",
+        "nonfinite_steps",
+    )
     out.update({f"ppo/{agent_id}/{k}": learn_stats[k] for k in ppo_keys if k in learn_stats})
     if "train_entropy" in learn_stats:
         out[f"ppo/{agent_id}/entropy"] = learn_stats["train_entropy"]
@@ -75,7 +85,11 @@ def sample_rows(queries: list[str], rollouts: dict[str, Rollout], rewards: dict[
     for i in range(min(n, len(queries))):
         row = {"query": queries[i]}
         for role, ro in rollouts.items():
-            row |= {f"{role}_prompt": ro.prompts[i], f"{role}_response": ro.responses[i],
-                    f"{role}_reward": rewards[role][i], f"{role}_kl": ro.kls[i].sum().item()}
+            row |= {
+                f"{role}_prompt": ro.prompts[i],
+                f"{role}_response": ro.responses[i],
+                f"{role}_reward": rewards[role][i],
+                f"{role}_kl": ro.kls[i].sum().item(),
+            }
         rows.append(row)
     return rows

@@ -57,8 +57,9 @@ class CORY:
         pioneer, observer = self.agents[pio_id], self.agents[obs_id]
         gen, t0 = self.task.generation_kwargs, time.perf_counter()
         # 1. pioneer: a1 ~ π_P(· | x_P)
-        pio = pioneer.act([self.task.pioneer_prompt(q) for q in queries], max_new_tokens, gen,
-                          self.generation_batch_size)
+        pio = pioneer.act(
+            [self.task.pioneer_prompt(q) for q in queries], max_new_tokens, gen, self.generation_batch_size
+        )
         # 2. observer: x_O = T_obs(q, a1) from decoded text, then a2 ~ π_O(· | x_O), same generation settings
         if self.knowledge_transfer:
             obs_prompts = [self.task.observer_prompt(q, a1) for q, a1 in zip(queries, pio.responses)]
@@ -87,8 +88,9 @@ class CORY:
             "time/learn_s": time.perf_counter() - t1,
             "train/reward_failures": float(failed1 + failed2),
         }
-        samples = sample_rows(queries, {"pioneer": pio, "observer": obs}, {"pioneer": r1, "observer": r2},
-                              self.log_samples)
+        samples = sample_rows(
+            queries, {"pioneer": pio, "observer": obs}, {"pioneer": r1, "observer": r2}, self.log_samples
+        )
         # 6. role exchange (Eq. 5) after iteration k when (k + 1) mod T_REx = 0
         reseed = False
         if self.role_exchange and (iteration + 1) % self.swap_period == 0:

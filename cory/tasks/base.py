@@ -72,7 +72,9 @@ class SafeScorer:
                 scores.append(float(self.task.failure_reward))
                 if not self._reported:
                     self._reported = True
-                    print(f"[cory] reward failed on query={q!r} response={a!r}: {type(err).__name__}: {err} "
-                          f"(given failure_reward={self.task.failure_reward}; further failures are only counted)")
+                    print(
+                        f"[cory] reward failed on query={q!r} response={a!r}: {type(err).__name__}: {err} "
+                        f"(given failure_reward={self.task.failure_reward}; further failures are only counted)"
+                    )
         self.failures += failed
         return scores, failed

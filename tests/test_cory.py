@@ -1,0 +1,379 @@
+"""CORY's orchestration (REFERENCE.md §1): identical agents, knowledge transfer, collective reward, role
+exchange that moves no weights, one shared frozen π0, the official swap's resets, and the experiment configs.
+
+Real agents use the tiny GPT-2 of `experiment=smoke` on 4 queries; the long role schedule uses stub agents.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from functools import partial
+from types import SimpleNamespace
+
+import pytest
+import torch
+from hydra.utils import get_object, instantiate
+from omegaconf import OmegaConf
+
+from cory.agent import Agent
+from cory.algorithms.cory import CORY
+from cory.models import make_reference
+from cory.ppo_core import RunningMoments
+from cory.tasks.toy import ToyTask
+from cory.train import build_agent, train
+from tests.conftest import compose_cfg
+
+QUERIES = ["bcd", "fgh k", "lm", "npqr"]
+MAX_NEW = 3
+
+
+def make_cory(overrides: tuple[str, ...] = (), **kwargs) -> CORY:
+    """A CORY on the smoke model (real agents), with its constructor switches given as kwargs."""
+    cfg = compose_cfg(["experiment=smoke", "algorithm=cory", *overrides])
+    model, tokenizer = instantiate(cfg.model)
+    task = ToyTask(tokenizer, num_train=8, num_eval=4, observer_template="{query}{response}|{query}")
+    make_agent = partial(
+        build_agent,
+        model=model,
+        ref_model=make_reference(model),
+        tokenizer=tokenizer,
+        cfg=cfg,
+        device=torch.device("cpu"),
+        seed=0,
+        first=[],
+    )
+    return CORY(task=task, make_agent=make_agent, log_samples=len(QUERIES), **kwargs)
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Records every `Agent.act` (agent, prompts, rollout) and `Agent.learn` (agent, scores) in call order."""
+    log = SimpleNamespace(act=[], learn=[])
+    act, learn = Agent.act, Agent.learn
+
+    def act_spy(self, prompts, *args, **kwargs):
+        rollout = act(self, prompts, *args, **kwargs)
+        log.act.append((self.name, list(prompts), rollout))
+        return rollout
+
+    def learn_spy(self, rollout, scores):
+        log.learn.append((self.name, scores.clone()))
+        return learn(self, rollout, scores)
+
+    monkeypatch.setattr(Agent, "act", act_spy)
+    monkeypatch.setattr(Agent, "learn", learn_spy)
+    return log
+
+
+def params(agent: Agent) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in agent.policy.state_dict().items()}
+
+
+def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+# ------------------------------------------------------------------------------------------------ agents
+def test_agents_start_identical_but_share_nothing():
+    cory = make_cory()
+    a, b = cory.agents["llm1"], cory.agents["llm2"]
+    assert any(k.startswith("v_head") for k in a.policy.state_dict())
+    assert same(params(a), params(b))  # same initial weights, value head included
+    assert a.policy is not b.policy and a.optimizer is not b.optimizer and a.kl_ctl is not b.kl_ctl
+    assert a.score_moments is not b.score_moments
+    ptrs = {p.data_ptr() for p in a.policy.parameters()}
+    assert not ptrs & {p.data_ptr() for p in b.policy.parameters()}
+    assert {id(p) for g in a.optimizer.param_groups for p in g["params"]} == {id(p) for p in a.policy.parameters()}
+
+
+def test_reference_is_one_shared_frozen_model():
+    cory = make_cory()
+    a, b = cory.agents["llm1"], cory.agents["llm2"]
+    ref = a.ref_model
+    assert b.ref_model is ref
+    assert all(not p.requires_grad for p in ref.parameters())
+    ref_ptrs = {p.data_ptr() for p in ref.parameters()}
+    for agent in (a, b):
+        assert not ref_ptrs & {p.data_ptr() for p in agent.policy.parameters()}
+    before, policy_before = {k: v.clone() for k, v in ref.state_dict().items()}, params(a)
+    for k in range(2):
+        cory.step(QUERIES, MAX_NEW, k)
+    assert same(before, dict(ref.state_dict()))  # bit-identical after four PPO updates
+    assert not same(policy_before, params(a))  # while the policy did move
+
+
+# ---------------------------------------------------------------------------------------- knowledge transfer
+@pytest.mark.parametrize("knowledge_transfer", [True, False])
+def test_observer_prompt(calls, knowledge_transfer):
+    cory = make_cory(knowledge_transfer=knowledge_transfer)
+    out = cory.step(QUERIES, MAX_NEW, 0)
+    (pio_name, pio_prompts, pio), (obs_name, obs_prompts, obs) = calls.act
+    assert (pio_name, obs_name) == ("llm1", "llm2")
+    assert pio_prompts == QUERIES
+    if knowledge_transfer:
+        assert obs_prompts == [f"{q}{a1}|{q}" for q, a1 in zip(QUERIES, pio.responses, strict=True)]
+    else:
+        assert obs_prompts == pio_prompts
+    assert [row["observer_prompt"] for row in out.samples] == obs_prompts
+    assert [row["pioneer_response"] for row in out.samples] == pio.responses
+
+
+# ---------------------------------------------------------------------------------------- collective reward
+def test_both_agents_get_the_same_collective_reward(calls):
+    cory = make_cory()
+    scored = []
+    score = cory.task.score
+    cory.task.score = lambda q, r: scored.append(score(q, r)) or scored[-1]
+    cory.step(QUERIES, MAX_NEW, 0)
+    r1, r2 = (torch.tensor(s) for s in scored)  # pioneer's, then observer's task rewards on q + own response
+    (n1, s1), (n2, s2) = calls.learn
+    assert (n1, n2) == ("llm1", "llm2")
+    assert torch.allclose(s1, r1 + r2) and torch.equal(s1, s2)
+
+
+class StubAgent:
+    """Acts instantly with fixed responses; records the scores it learns from."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.learned = name, []
+
+    def act(self, prompts, max_new_tokens, generation_kwargs, batch_size):
+        n = len(prompts)
+        return SimpleNamespace(
+            prompts=list(prompts),
+            responses=[f"{self.name}:{p}" for p in prompts],
+            kls=torch.ones(n, 2),
+            response_mask=torch.ones(n, 2),
+            hit_max_tokens=torch.zeros(n, dtype=torch.bool),
+        )
+
+    def learn(self, rollout, scores):
+        self.learned.append(scores.clone())
+        return {"kl_coef": 0.3}
+
+
+class StubTask(ToyTask):
+    """Reward 1 for any observer-role response that saw the pioneer (prompt has '|'), and 0.25 for a pioneer."""
+
+    def score(self, queries, responses):
+        return [1.0 if "|" in r else 0.25 for r in responses]
+
+
+def stub_cory(**kwargs) -> CORY:
+    return CORY(task=StubTask(num_train=8, num_eval=2), make_agent=StubAgent, **kwargs)
+
+
+@pytest.mark.parametrize("w_other, pioneer, observer", [(1.0, 1.25, 1.25), (-1.0, -0.75, 0.75), (0.0, 0.25, 1.0)])
+def test_collective_reward_weights(w_other, pioneer, observer):
+    cory = stub_cory(w_self=1.0, w_other=w_other)
+    cory.step(QUERIES, MAX_NEW, 0)
+    assert torch.equal(cory.agents["llm1"].learned[0], torch.full((4,), pioneer))
+    assert torch.equal(cory.agents["llm2"].learned[0], torch.full((4,), observer))
+
+
+# ---------------------------------------------------------------------------------------- role exchange
+@pytest.mark.parametrize("role_exchange", [True, False])
+def test_role_schedule_period_5(role_exchange):
+    cory = stub_cory(swap_period=5, role_exchange=role_exchange)
+    roles = [cory.step(QUERIES, MAX_NEW, k).metrics["cory/llm1_role"] for k in range(20)]
+    expected = [0.0] * 5 + [1.0] * 5 + [0.0] * 5 + [1.0] * 5 if role_exchange else [0.0] * 20
+    assert roles == expected
+    assert cory.swaps == (4 if role_exchange else 0)
+
+
+def test_role_swap_with_real_agents(calls):
+    cory = make_cory(swap_period=2)
+    roles = [cory.step(QUERIES, MAX_NEW, k).metrics["cory/llm1_role"] for k in range(3)]
+    assert roles == [0.0, 0.0, 1.0]
+    assert [name for name, *_ in calls.act] == ["llm1", "llm2", "llm1", "llm2", "llm2", "llm1"]  # pioneer first
+    assert calls.act[4][1] == QUERIES  # llm2, now pioneer, gets the query-only prompt
+
+
+def adam_snapshot(agent: Agent) -> dict[int, dict]:
+    return {id(p): {k: (id(v), v.clone()) for k, v in s.items()} for p, s in agent.optimizer.state.items()}
+
+
+@pytest.mark.parametrize("faithful", [False, True])
+def test_swap_keeps_or_resets_training_state(monkeypatch, faithful):
+    cory = make_cory(("algorithm.agent.use_score_scaling=true",), swap_period=1, faithful_official_swap=faithful)
+    agents = list(cory.agents.values())
+    before = {}
+    learn = Agent.learn
+
+    def learn_then_snapshot(self, rollout, scores):  # the state right before the swap at the end of `step`
+        stats = learn(self, rollout, scores)
+        before[self.name] = (
+            adam_snapshot(self),
+            params(self),
+            self.kl_ctl.value,
+            RunningMoments(**vars(self.score_moments)),
+            self.optimizer,
+        )
+        return stats
+
+    monkeypatch.setattr(Agent, "learn", learn_then_snapshot)
+    out = cory.step(QUERIES, MAX_NEW, 0)
+    assert cory.roles == {"pioneer": "llm2", "observer": "llm1"} and out.reseed is faithful
+    for agent in agents:
+        adam, weights, kl_coef, moments, optimizer = before[agent.name]
+        init = agent.config.init_kl_coef
+        assert len(adam) == len(list(agent.policy.parameters())) and kl_coef != init and moments.count >= 4
+        assert same(weights, params(agent))  # the swap itself moves no weights
+        # whatever happened, the optimiser steps exactly this agent's own parameters
+        assert [id(p) for g in agent.optimizer.param_groups for p in g["params"]] == [
+            id(p) for p in agent.policy.parameters()
+        ]
+        if faithful:  # the official disk swap: fresh Adam, KL controller, score moments, reloaded model
+            assert agent.optimizer is not optimizer and len(agent.optimizer.state) == 0
+            assert agent.kl_ctl.value == init and agent.score_moments == RunningMoments()
+            assert agent.steps_since_load == 0
+        else:  # the role-map swap: everything stays with its agent, the Adam tensors are the very same
+            assert agent.optimizer is optimizer and adam_snapshot(agent).keys() == adam.keys()
+            for pid, state in adam_snapshot(agent).items():
+                for k, (tid, value) in state.items():
+                    assert tid == adam[pid][k][0] and torch.equal(value, adam[pid][k][1])
+            assert agent.kl_ctl.value == kl_coef and agent.score_moments == moments
+            assert agent.steps_since_load == 1
+    # the next update continues (or restarts) Adam's step count: 2 epochs × 1 backward batch per update
+    cory.step(QUERIES, MAX_NEW, 1)
+    steps = {float(s["step"][1]) for name in cory.agents for s in before[name][0].values()}
+    assert steps == ({2.0} if faithful else {4.0})
+
+
+# ---------------------------------------------------------------------------------------- end to end
+def test_train_cory_end_to_end(tmp_path):
+    cfg = compose_cfg(
+        [
+            "experiment=smoke",
+            "algorithm=cory",
+            "progress=false",
+            "iterations=2",
+            "batch_size=8",
+            "num_eval=4",
+            "eval_every=0",
+            "save_every=0",
+            "algorithm.swap_period=1",
+            f"cache_dir={tmp_path / 'cache'}",
+        ]
+    )
+    summary = train(cfg, tmp_path / "run")
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [r for r in rows if "cory/llm1_role" in r]
+    assert [r["cory/llm1_role"] for r in train_rows] == [0.0, 1.0]
+    for key in (
+        "train/pioneer/task_reward",
+        "train/observer/task_reward",
+        "train/pioneer/kl",
+        "train/observer/kl",
+        "train/llm1/task_reward",
+        "train/llm2/kl",
+        "time/generate_s",
+        "time/learn_s",
+    ):
+        assert all(key in r for r in train_rows), key
+    # the per-role views follow the role map: in iteration 1 llm2 is the pioneer
+    assert train_rows[1]["train/pioneer/task_reward"] == train_rows[1]["train/llm2/task_reward"]
+    saved = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert set(saved["agents"]) == set(summary["agents"]) == {"llm1", "llm2"}
+    assert saved["algorithm"] == "cory" and saved["completed"]
+
+
+# ---------------------------------------------------------------------------------------- configs
+@pytest.mark.parametrize("experiment", [None, "smoke", "imdb_gpt2"])
+def test_ppo_and_cory_share_the_learner(experiment):
+    extra = [f"experiment={experiment}"] if experiment else []
+    ppo, cory = compose_cfg([*extra, "algorithm=ppo"]), compose_cfg([*extra, "algorithm=cory"])
+    assert ppo.algorithm.agent == cory.algorithm.agent
+
+
+def bind(node) -> None:
+    """Check a `_target_` node's keys against its constructor without building it (no weights, no data)."""
+    kwargs = OmegaConf.to_container(node, resolve=True)
+    target = get_object(kwargs.pop("_target_"))
+    kwargs.pop("_partial_", None)
+    inspect.signature(target).bind_partial(**kwargs)
+
+
+PAPER_IMDB = {
+    "model.name_or_path": "gpt2-large",
+    "task.source": "hub",
+    "hardware.device": "cuda",
+    "iterations": 100,
+    "batch_size": 256,
+    "eval_every": 10,
+    "num_eval": 256,
+    "algorithm.agent.mini_batch_size": 256,
+    "algorithm.agent.learning_rate": 1.41e-5,
+    "algorithm.agent.init_kl_coef": 0.3,
+    "task.max_new_tokens": [4, 15],
+    "task.min_review_chars": 200,
+    "task.query_tokens": [2, 8],
+    "task.reward._target_": "cory.rewards.ClassifierReward",
+    "task.reward.name_or_path": "lvwerra/distilbert-imdb",
+}
+CORY_ON = {
+    "algorithm._target_": "cory.algorithms.cory.CORY",
+    "algorithm.knowledge_transfer": True,
+    "algorithm.role_exchange": True,
+    "algorithm.faithful_official_swap": False,
+}
+EXPERIMENTS = {
+    "imdb_gpt2": {**PAPER_IMDB, "algorithm._target_": "cory.algorithms.ppo.PPO"},  # the default algorithm
+    "cory_gpt2_large": {**PAPER_IMDB, **CORY_ON},
+    "ppo_gpt2_xl": {**PAPER_IMDB, "model.name_or_path": "gpt2-xl", "algorithm._target_": "cory.algorithms.ppo.PPO"},
+    "cory_wo_kt": {**PAPER_IMDB, **CORY_ON, "algorithm.knowledge_transfer": False},
+    "cory_wo_rex": {**PAPER_IMDB, **CORY_ON, "algorithm.role_exchange": False},
+    "official_code": {
+        **PAPER_IMDB,
+        **CORY_ON,
+        "model.name_or_path": "gpt2",
+        "iterations": 97,
+        "algorithm.agent.init_kl_coef": 0.4,
+        "algorithm.agent.use_score_scaling": True,
+        "algorithm.agent.use_score_norm": True,
+        "task.query_tokens": [2, 7],
+        "task.min_review_chars": 100,
+        "algorithm.faithful_official_swap": True,
+        "algorithm.agent.generate_in_train_mode": True,
+    },
+}
+
+
+@pytest.mark.parametrize("experiment", sorted(EXPERIMENTS))
+def test_imdb_experiments_compose(experiment):
+    cfg = compose_cfg([f"experiment={experiment}"])
+    for key, value in EXPERIMENTS[experiment].items():
+        got = OmegaConf.select(cfg, key)
+        got = OmegaConf.to_container(got) if OmegaConf.is_config(got) else got
+        assert got == value, (key, got, value)
+    # the reward block was replaced, not merged into the packaged TF-IDF one, and every node fits its target
+    assert "cache_dir" not in cfg.task.reward and "seed" not in cfg.task.reward
+    bind(cfg.task.reward)
+    task = OmegaConf.to_container(cfg.task, resolve=True)
+    inspect.signature(get_object(task.pop("_target_"))).bind_partial(**task)
+    bind(cfg.model)
+    algorithm = OmegaConf.masked_copy(cfg.algorithm, [k for k in cfg.algorithm if k != "agent"])
+    bind(algorithm)
+    from cory.agent import PPOConfig
+
+    PPOConfig(**OmegaConf.to_container(cfg.algorithm.agent))
+
+
+def test_paper_experiments_override_from_the_command_line():
+    cfg = compose_cfg(["experiment=cory_gpt2_large", "model=gpt2", "task.reward.name_or_path=/tmp/clf", "seed=2"])
+    assert cfg.model.name_or_path == "gpt2" and cfg.seed == 2
+    assert cfg.task.reward.name_or_path == "/tmp/clf"
+    assert cfg.algorithm._target_ == "cory.algorithms.cory.CORY"
+
+
+def test_paper_experiment_replaces_the_reward_block():
+    """`task/reward=distilbert_imdb` replaces the TF-IDF block whole: no stale keys reach ClassifierReward."""
+    cfg = compose_cfg(["experiment=imdb_gpt2"])
+    assert dict(cfg.task.reward) == {
+        "_target_": "cory.rewards.ClassifierReward",
+        "name_or_path": "lvwerra/distilbert-imdb",
+        "positive_label": "POSITIVE",
+        "batch_size": 32,
+        "device": "cpu",
+    }

@@ -1,0 +1,456 @@
+"""Issue 4: a run survives kills, signals, crashes mid-write, NaNs, failing rewards and bad configuration.
+
+- SIGKILL at an arbitrary iteration, then `python -m cory.train resume=<run folder>`: the metrics equal an
+  uninterrupted run's (PPO and CORY, across a role swap), and the W&B run id continues.
+- SIGTERM / SIGINT: checkpoint at the end of the iteration, a `resume=` hint, exit code 0; resuming completes.
+- Atomic checkpoints, corrupt-checkpoint refusal, keep-last-K; non-finite skipping and stopping; reward failures.
+- Bad configuration and an unreachable Hub fail in one `error:` line before any model loads.
+- Checkpoints hold no pickle but the optimiser (`weights_only=True`); no secret reaches the run folder.
+
+Subprocesses use the real entrypoint and one torch thread (as the in-process reference runs do), so their
+numbers match to float precision. Run: `pytest tests/test_robustness.py` (about two minutes on 2 CPUs).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_train import check_run_folder, read_rows, smoke
+
+import cory.agent
+import cory.models
+import cory.train
+from cory.config import ConfigError
+from cory.tasks.toy import ToyTask
+from cory.train import train
+from cory.trainer import CheckpointError, NonFiniteError, Trainer, latest_checkpoint
+
+REPO = Path(__file__).resolve().parents[1]
+# Six iterations, a checkpoint every two, an evaluation every two (smoke's); CORY swaps roles every two, so a
+# swap falls after every checkpoint a resume starts from.
+RESUMABLE = ["iterations=6", "save_every=2", "algorithm.swap_period=2"]
+# The issue's bound is ~15 s on an idle machine. These checks run two at a time on a shared 2-CPU machine, where the
+# interpreter start alone takes ~10 s; an unreachable Hub costs >= 50 s, so 25 s still tells them apart. That no
+# model is built is proven in-process (`test_bad_config_fails_before_any_model_loads`).
+FAIL_FAST_S = 25.0
+SECRET = "secret-test-value"
+
+
+def overrides(algorithm: str) -> list[str]:
+    return [f"algorithm={algorithm}", *(RESUMABLE if algorithm == "cory" else RESUMABLE[:2])]
+
+
+_REFERENCE: dict[str, list[dict]] = {}
+
+
+def reference_rows(algorithm: str, tmp_path_factory) -> list[dict]:
+    """metrics.jsonl of an uninterrupted in-process run with the resumable settings (computed once)."""
+    if algorithm not in _REFERENCE:
+        run_dir = tmp_path_factory.mktemp(f"reference-{algorithm}")
+        train(smoke(run_dir, *overrides(algorithm)), run_dir / "run")
+        _REFERENCE[algorithm] = read_rows(run_dir / "run")
+    return _REFERENCE[algorithm]
+
+
+def assert_same_rows(got: list[dict], want: list[dict]) -> None:
+    """Same rows in the same order; every number equal to 1e-5 except wall time and memory."""
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        keys = {k for k in w if not k.startswith(("time/", "memory/"))}
+        assert keys == {k for k in g if not k.startswith(("time/", "memory/"))}
+        for k in keys:
+            if isinstance(w[k], float) and isinstance(g[k], float):
+                assert math.isclose(g[k], w[k], rel_tol=1e-5, abs_tol=1e-5), (w["iteration"], k, g[k], w[k])
+            else:
+                assert g[k] == w[k], (w["iteration"], k)
+
+
+# ---------------------------------------------------------------------------------------------- subprocess helpers
+def env(**extra: str) -> dict[str, str]:
+    # one thread: the same kernels as the in-process reference (conftest), and kind to a shared 2-CPU machine
+    return os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"} | extra
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "cory.train", *args]
+
+
+def start(run_dir: Path, args: list[str], **extra_env: str) -> subprocess.Popen:
+    """Launch a smoke run in `run_dir`; output goes to files so a full pipe can never block it."""
+    run_dir.mkdir(parents=True)
+    out, err = (run_dir.parent / f"{run_dir.name}.{s}" for s in ("out", "err"))
+    cmd = cli(
+        "experiment=smoke",
+        "progress=false",
+        f"hydra.run.dir={run_dir}",
+        f"cache_dir={run_dir.parent / 'cache'}",
+        *args,
+    )
+    return subprocess.Popen(cmd, cwd=REPO, env=env(**extra_env), stdout=out.open("w"), stderr=err.open("w"))
+
+
+def wait_for_train_row(run_dir: Path, proc: subprocess.Popen, iteration: int, timeout: float = 90.0) -> None:
+    """Poll metrics.jsonl until the training row of `iteration` is written; the process must still be running."""
+    deadline = time.monotonic() + timeout
+    path = run_dir / "metrics.jsonl"
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"the run ended (rc {proc.returncode}) before iteration {iteration}"
+        if path.exists():
+            for line in path.read_text().splitlines():
+                if line.endswith("}") and '"train/' in line and json.loads(line)["iteration"] == iteration:
+                    return
+        time.sleep(0.01)
+    raise AssertionError(f"no training row for iteration {iteration} within {timeout} s")
+
+
+def resume(run_dir: Path, **extra_env: str) -> subprocess.CompletedProcess:
+    out = subprocess.run(
+        cli(f"resume={run_dir}"), cwd=REPO, env=env(**extra_env), capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
+def one_error_line(out: subprocess.CompletedProcess) -> str:
+    """The run failed in one `error:` line with exit code 2 and no traceback."""
+    assert out.returncode == 2, (out.returncode, out.stderr[-3000:])
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    return errors[0]
+
+
+# ------------------------------------------------------------------------------ SIGTERM/SIGINT, SIGKILL, resume
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("algorithm", "sig"), [("ppo", signal.SIGTERM), ("cory", signal.SIGINT)], ids=["ppo-sigterm", "cory-sigint"]
+)
+def test_signal_then_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path, tmp_path_factory, algorithm, sig):
+    """One run interrupted twice (three process starts instead of four for the two guarantees)."""
+    want = reference_rows(algorithm, tmp_path_factory)
+    run_dir = tmp_path / "run"
+    # PPO also checks W&B: offline mode, and a key in the environment that must not leak into the run folder
+    wandb = {"WANDB_MODE": "offline", "WANDB_API_KEY": SECRET} if algorithm == "ppo" else {}
+    logger = ["logger=wandb"] if wandb else []
+
+    # 1. SIGTERM / SIGINT during an iteration: it finishes, checkpoints, prints the resume command, exits 0
+    proc = start(run_dir, [*overrides(algorithm), *logger], **wandb)
+    try:
+        wait_for_train_row(run_dir, proc, 0)
+        proc.send_signal(sig)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+    assert f"resume={run_dir}" in (tmp_path / "run.out").read_text()
+    done = [r for r in read_rows(run_dir) if any(k.startswith("train/") for k in r)]
+    stopped = latest_checkpoint(run_dir)
+    assert stopped.name == f"iter_{len(done):06d}"  # saved at the end of the interrupted iteration
+    assert json.loads((run_dir / "summary.json").read_text())["completed"] is False
+    run_id = json.loads((stopped / "trainer.json").read_text())["wandb_run_id"]
+
+    # 2. resume, then SIGKILL at an arbitrary later iteration, past the iteration-2 checkpoint
+    proc = subprocess.Popen(
+        cli(f"resume={run_dir}"), cwd=REPO, env=env(**wandb), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        wait_for_train_row(run_dir, proc, 3)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert latest_checkpoint(run_dir).name in ("iter_000002", "iter_000004")
+    assert json.loads((run_dir / "summary.json").read_text())["completed"] is False  # still step 1's
+
+    # 3. resume again: the log equals the uninterrupted run's, role swaps included
+    resume(run_dir, **wandb)
+    assert_same_rows(read_rows(run_dir), want)
+    check_run_folder(run_dir, algorithm, 6)
+    assert json.loads((run_dir / "summary.json").read_text())["completed"] is True
+    # Hydra's snapshot of the first start survives; the resumed starts (default config + `resume=`) go aside
+    assert "build_tiny_gpt2" in (run_dir / ".hydra" / "config.yaml").read_text()
+    assert f"resume={run_dir}" in (run_dir / ".hydra" / "resumed" / "overrides.yaml").read_text()
+    if algorithm == "cory":
+        swaps = [r["cory/swaps"] for r in read_rows(run_dir) if "cory/swaps" in r]
+        assert swaps == [0, 0, 1, 1, 2, 2]  # the role map continued across both interruptions
+    if wandb:
+        final = json.loads((latest_checkpoint(run_dir) / "trainer.json").read_text())["wandb_run_id"]
+        assert run_id and final == run_id  # each resumed logger was initialised with the same id
+        assert len(list((run_dir / "wandb").glob(f"offline-run-*-{run_id}"))) == 3  # three starts, one run
+        leaked = [p for p in run_dir.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
+        assert not leaked
+
+
+# ------------------------------------------------------------------------------------------------ checkpoints
+def test_crash_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, tmp_path_factory, monkeypatch):
+    want = reference_rows("ppo", tmp_path_factory)
+    run_dir = tmp_path / "run"
+    real_save, calls = cory.agent.Agent.save, []
+
+    def save_then_crash(self, directory):
+        calls.append(directory)
+        if len(calls) == 2:  # the second checkpoint (iteration 4): die halfway through writing it
+            (directory / "policy.safetensors").parent.mkdir(parents=True, exist_ok=True)
+            (directory / "policy.safetensors").write_bytes(b"half")
+            raise OSError("disk full")
+        real_save(self, directory)
+
+    monkeypatch.setattr(cory.agent.Agent, "save", save_then_crash)
+    with pytest.raises(OSError, match="disk full"):
+        train(smoke(tmp_path, *overrides("ppo")), run_dir)
+    assert latest_checkpoint(run_dir).name == "iter_000002"
+    assert list((run_dir / "checkpoints").glob(".tmp-*"))  # the half-written one is there, and ignored
+
+    monkeypatch.setattr(cory.agent.Agent, "save", real_save)
+    train(smoke(tmp_path, f"resume={run_dir}"), run_dir)
+    assert_same_rows(read_rows(run_dir), want)
+    assert not list((run_dir / "checkpoints").glob(".tmp-*"))
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["iter_000004", "iter_000006"]  # keep 2
+
+
+def _finished_run(tmp_path: Path) -> Path:
+    """A two-iteration PPO run with one checkpoint kept."""
+    run_dir = tmp_path / "run"
+    train(smoke(tmp_path, "iterations=2", "save_every=1", "keep_checkpoints=1"), run_dir)
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["iter_000002"]  # keep_checkpoints=1
+    return run_dir
+
+
+def test_corrupt_checkpoints_are_refused_in_one_line(tmp_path):
+    run_dir = _finished_run(tmp_path)
+    ckpt = latest_checkpoint(run_dir)
+    weights = ckpt / "agents" / "llm1" / "policy.safetensors"
+    good = weights.read_bytes()
+    weights.write_bytes(good[: len(good) // 2])
+    with pytest.raises(CheckpointError, match=r"checkpoint .*iter_000002 is corrupt"):
+        train(smoke(tmp_path, f"resume={run_dir}"), run_dir)
+
+    weights.write_bytes(good)
+    (ckpt / "trainer.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match=r"checkpoint .*iter_000002 is unreadable"):
+        train(smoke(tmp_path, f"resume={run_dir}"), run_dir)
+
+
+def test_checkpoints_hold_no_pickle_but_the_optimizer(tmp_path):
+    ckpt = latest_checkpoint(_finished_run(tmp_path))
+    files = sorted(str(p.relative_to(ckpt)) for p in ckpt.rglob("*") if p.is_file())
+    assert files == [
+        "agents/llm1/agent.json",
+        "agents/llm1/optimizer.pt",
+        "agents/llm1/policy.safetensors",
+        "torch_rng.safetensors",
+        "trainer.json",
+    ]
+    for name in files:
+        path = ckpt / name
+        if name.endswith(".json"):
+            json.loads(path.read_text())
+        elif name.endswith(".safetensors"):
+            load_file(str(path))
+    state = torch.load(ckpt / "agents/llm1/optimizer.pt", weights_only=True)  # tensors and plain containers only
+    assert state["state"]
+
+
+# ------------------------------------------------------------------------------------------------ non-finite
+def test_nonfinite_rewards_skip_updates_then_stop_the_run(tmp_path, monkeypatch):
+    run_dir = tmp_path / "run"
+    poisoned, skipped = [], []
+    real_save, real_learn = Trainer.save_checkpoint, cory.agent.Agent.learn
+
+    def save_then_poison(self):
+        path = real_save(self)
+        poisoned.append(path)  # from the first checkpoint on, every reward is NaN
+        return path
+
+    def score(self, queries, responses):
+        return [math.nan if poisoned else 0.5 for _ in responses]
+
+    def learn(self, rollout, scores):
+        before = {k: v.clone() for k, v in self.policy.state_dict().items()}
+        out = real_learn(self, rollout, scores)
+        if out["nonfinite_skipped"]:
+            assert all(torch.equal(before[k], v) for k, v in self.policy.state_dict().items())
+            skipped.append(out)
+        return out
+
+    monkeypatch.setattr(Trainer, "save_checkpoint", save_then_poison)
+    monkeypatch.setattr(ToyTask, "score", score)
+    monkeypatch.setattr(cory.agent.Agent, "learn", learn)
+    with pytest.raises(NonFiniteError, match=r"^3 consecutive iterations .*max_bad_iterations=3"):
+        train(smoke(tmp_path, *overrides("ppo")), run_dir)
+    rows = [r for r in read_rows(run_dir) if "ppo/llm1/nonfinite_skipped" in r]
+    assert [r["ppo/llm1/nonfinite_skipped"] for r in rows] == [0, 0, 1, 1, 1]
+    assert [r["train/nonfinite_iterations"] for r in rows] == [0, 0, 1, 2, 3]
+    assert len(skipped) == 3
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["iter_000002"]  # no bad one saved
+
+    monkeypatch.setattr(ToyTask, "score", lambda self, q, r: [0.5] * len(r))
+    summary = train(smoke(tmp_path, f"resume={run_dir}"), run_dir)  # the last good checkpoint loads and finishes
+    assert summary["completed"] and summary["iterations"] == 6
+
+
+def test_a_failing_reward_gets_the_failure_reward_and_is_counted(tmp_path, monkeypatch, capsys):
+    failing: set[str] = set()
+    real_batch, real_score = Trainer.batch, ToyTask.score
+
+    def batch(self, k):
+        queries = real_batch(self, k)
+        if k == 0:
+            failing.update(queries[:2])  # the first two queries of the first batch break the reward
+        return queries
+
+    def score(self, queries, responses):
+        if failing & set(queries):
+            raise ValueError("reward model crashed")
+        return real_score(self, queries, responses)
+
+    monkeypatch.setattr(Trainer, "batch", batch)
+    monkeypatch.setattr(ToyTask, "score", score)
+    run_dir = tmp_path / "run"
+    train(smoke(tmp_path, "task.failure_reward=-1.0"), run_dir)
+    failures = [r["train/reward_failures"] for r in read_rows(run_dir) if "train/reward_failures" in r]
+    assert failures == [2, 0, 0, 0]
+    assert capsys.readouterr().out.count("reward failed on") == 1  # the first error only
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    first = [s for s in samples if s["table"] == "train/samples" and s["iteration"] == 0]
+    assert [s["pioneer_reward"] for s in first[:2]] == [-1.0, -1.0]
+
+
+# ------------------------------------------------------------------------------------------- bad configuration
+BAD = {  # override → key the one-line message must name
+    "algorithm.agent.mini_batch_size=5": "algorithm.agent.mini_batch_size",
+    "algorithm.agent.learning_rate=-1e-3": "algorithm.agent.learning_rate",
+    "algorithm.agent.init_kl_coef=-0.1": "algorithm.agent.init_kl_coef",
+    "algorithm.agent.kl_penalty=kl2": "algorithm.agent.kl_penalty",
+    "+algorithm.agent.lr=0.1": "algorithm.agent.lr",
+    "batch_size=1024": "batch_size",
+    "iterations=0": "iterations",
+    "save_every=-1": "save_every",
+    "model=gpt2 model.name_or_path=/nonexistent/dir": "model.name_or_path",
+    "task=imdb task.reward._target_=cory.rewards.NoSuchReward": "task.reward._target_",
+    "task=imdb task.source=web": "task.source",
+    "algorithm=cory algorithm.swap_period=0": "algorithm.swap_period",
+}
+if not torch.cuda.is_available():
+    BAD |= {"+model.load_in_4bit=true": "model.load_in_4bit", "hardware=gpu": "hardware.device"}
+
+
+@pytest.mark.parametrize("override", list(BAD))
+def test_bad_config_fails_before_any_model_loads(tmp_path, monkeypatch, override):
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was built for an invalid configuration")
+
+    for builder in ("build_tiny_gpt2", "load_pretrained", "load_smollm2_135m"):
+        monkeypatch.setattr(cory.models, builder, no_model)
+    with pytest.raises(ConfigError) as err:
+        train(smoke(tmp_path, *override.split()), tmp_path / "run")
+    message = str(err.value)
+    assert BAD[override] in message and "\n" not in message
+    if "kl_penalty" in override:
+        assert "allowed" in message and "'full'" in message
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("task/reward=nope", "Available options in 'task/reward': distilbert_imdb tfidf"),
+        ("model=nope", "Could not find 'model/nope'"),
+        ("algorithm.agent.lr=1", "algorithm.agent.lr"),
+    ],
+)
+def test_unknown_option_or_key_is_one_error_line(monkeypatch, capsys, override, named):
+    """Composition errors (Hydra's own) get the same one-line treatment, before anything is built."""
+    monkeypatch.setattr(sys, "argv", ["cory.train", "experiment=smoke", "task=imdb", override])
+    monkeypatch.setattr(cory.train, "_hydra_main", lambda: pytest.fail("Hydra's run was reached"))
+    with pytest.raises(SystemExit) as exit_:
+        cory.train.main()
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and err.startswith("error: ") and named in err
+
+
+CLI_BAD = [
+    "algorithm.agent.mini_batch_size=5",
+    "model=gpt2 model.name_or_path=/nonexistent/dir",
+    "+model.load_in_4bit=true",
+]
+
+
+@pytest.fixture(scope="module")
+def entrypoint(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, float]]:
+    """The entrypoint checks that need no interaction, run two at a time (2 CPUs): name → (result, seconds)."""
+    tmp = tmp_path_factory.mktemp("entrypoint")
+    corrupt = _finished_run(tmp)
+    (latest_checkpoint(corrupt) / "trainer.json").write_text("{not json")
+    no_wandb = {k: v for k, v in env().items() if not k.startswith("WANDB_")}
+    no_wandb |= {
+        "WANDB_MODE": "online",
+        "NETRC": str(tmp / "no-netrc"),
+        "WANDB_DIR": str(tmp),
+        "WANDB_CONFIG_DIR": str(tmp),
+    }
+    jobs = {
+        o: (cli("experiment=smoke", f"hydra.run.dir={tmp / str(i)}", *o.split()), env())
+        for i, o in enumerate(CLI_BAD)
+        if o in BAD
+    }
+    jobs["gpt2"] = (cli("experiment=smoke", "model=gpt2", f"hydra.run.dir={tmp / 'gpt2'}"), env(HF_HUB_OFFLINE="1"))
+    jobs["corrupt"] = (cli(f"resume={corrupt}"), env())
+    jobs["wandb"] = (
+        cli("experiment=smoke", "progress=false", "logger=wandb", "iterations=2", f"hydra.run.dir={tmp / 'wandb'}"),
+        no_wandb,
+    )
+
+    def run(cmd: list[str], environ: dict) -> tuple[subprocess.CompletedProcess, float]:
+        t0 = time.monotonic()
+        out = subprocess.run(cmd, cwd=REPO, env=environ, capture_output=True, text=True, timeout=120)
+        return out, time.monotonic() - t0
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {name: pool.submit(run, *job) for name, job in jobs.items()}
+    return {name: f.result() for name, f in futures.items()} | {"wandb_dir": (None, tmp / "wandb")}
+
+
+@pytest.mark.parametrize("override", CLI_BAD)
+def test_bad_config_through_the_entrypoint_is_one_error_line(entrypoint, override):
+    if override not in BAD:
+        pytest.skip("valid on a CUDA machine")
+    out, seconds = entrypoint[override]
+    assert seconds < FAIL_FAST_S
+    assert BAD[override] in one_error_line(out)
+
+
+def test_corrupt_checkpoint_through_the_entrypoint_is_one_error_line(entrypoint):
+    out, _ = entrypoint["corrupt"]
+    assert "iter_000002 is unreadable" in one_error_line(out)
+
+
+# -------------------------------------------------------------------------------------- unreachable services
+def test_unreachable_hub_model_fails_fast_naming_a_local_folder(entrypoint):
+    out, seconds = entrypoint["gpt2"]
+    assert seconds < FAIL_FAST_S
+    line = one_error_line(out)
+    assert "'gpt2'" in line and "local folder" in line
+
+
+def test_wandb_online_without_key_or_network_falls_back_to_jsonl(entrypoint):
+    out, _ = entrypoint["wandb"]
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "W&B init failed" in out.stderr and "continuing with" in out.stderr
+    assert json.loads((entrypoint["wandb_dir"][1] / "summary.json").read_text())["completed"] is True
+
+
+def test_resume_of_a_missing_folder_is_one_error_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["cory.train", f"resume={tmp_path / 'nope'}"])
+    with pytest.raises(SystemExit) as exit_:
+        cory.train.main()
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip() == f"error: resume={tmp_path / 'nope'}: no such run folder"
+    assert not (tmp_path / "nope").exists()
