@@ -19,7 +19,7 @@ help:  ## show this help
 
 install: .venv/.installed  ## create .venv with the pinned stack (pip; ~2 min)
 
-run: install  ## the default experiment: PPO on SmolLM2-135M, offline IMDB (~5 min on 2 CPUs)
+run: install  ## the default experiment: CORY on SmolLM2-135M, offline IMDB (~6 min on 2 CPUs)
 	$(PY) -m cory.train $(ARGS)
 
 smoke: install  ## seconds-long tiny run of PPO and CORY

@@ -105,15 +105,17 @@ def forward_logits(
     with_values: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Response-aligned logits [B, T, V] (float32) and, for a policy with value head, values [B, T]."""
-    P, T = prompt_ids.shape[1], response_ids.shape[1]
+    T = response_ids.shape[1]
     input_ids = torch.cat([prompt_ids, response_ids], dim=1)
     attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
     position_ids = (torch.cumsum(attention_mask, dim=1) - 1).clamp(min=0)
+    # only columns P−1 … P+T−2 are needed: the last T+1 columns without the final one
     if with_values:
-        logits, values = model(input_ids, attention_mask, position_ids)
-        return logits[:, P - 1 : P + T - 1], values[:, P - 1 : P + T - 1]
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
-    return out.logits[:, P - 1 : P + T - 1].float(), None
+        logits, values = model(input_ids, attention_mask, position_ids, logits_to_keep=T + 1)
+        return logits[:, :-1], values[:, :-1]
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
+                logits_to_keep=T + 1)
+    return out.logits[:, :-1].float(), None
 
 
 @torch.no_grad()

@@ -176,3 +176,10 @@ def test_cfg_job_prints_the_config_without_loading_a_model():
     assert cfg.algorithm._target_ == "cory.algorithms.cory.CORY"
     assert cfg.model._target_ == "cory.models.build_tiny_gpt2"
     assert "Error" not in out.stderr
+
+
+def test_slurm_launcher_composes() -> None:
+    """Scale-out goes through Hydra's submitit launcher: `-m hydra/launcher=submitit_slurm ...` on a cluster."""
+    cfg = compose_cfg(["hydra/launcher=submitit_slurm", "hydra.launcher.gpus_per_node=1"], return_hydra_config=True)
+    assert cfg.hydra.launcher._target_ == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
+    assert cfg.hydra.launcher.gpus_per_node == 1

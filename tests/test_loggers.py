@@ -267,3 +267,14 @@ def test_key_helpers():
     assert all(is_known_metric(n) for n in names)
     assert not is_known_metric("train/llm1/nonsense") and not is_known_metric("foo")
     assert loggers.CORY_LLM1_ROLE == "cory/llm1_role"
+
+
+def test_readme_documents_every_metric() -> None:
+    """The README's metric table is generated from METRICS; a new metric must be documented there too."""
+    from pathlib import Path
+
+    from cory.loggers import METRICS
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    missing = [name for name in METRICS if f"`{name}`" not in readme]
+    assert not missing, f"README.md lacks {missing}: paste cory.loggers.metrics_markdown_table() into it"
