@@ -10,12 +10,12 @@ SmolLM2 conversion are `slow`. Run: `pytest -q tests/test_imdb.py -m "not slow"`
 from __future__ import annotations
 
 import csv
-import itertools
 import shutil
 import time
 from pathlib import Path
 
 import pytest
+from fakes import save_tiny_classifier, write_reviews_csv
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
@@ -24,32 +24,6 @@ from cory.models import byte_tokenizer
 from cory.tasks.imdb import IMDBTask
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-POSITIVE = ["wonderful", "brilliant", "moving", "delightful", "superb", "charming"]
-NEGATIVE = ["awful", "boring", "dreadful", "clumsy", "tedious", "painful"]
-SUBJECTS = ["acting", "script", "ending", "music", "pacing"]
-
-
-def write_reviews_csv(path: Path, n_per_label: int = 30) -> Path:
-    """A CSV (text,label,source) of template reviews; each imdb review starts with a unique word `id{label}x{i}`.
-
-    Two imdb reviews are too short (≤ 200 chars) and three rows come from another source: all five must be dropped.
-    """
-    rows = []
-    for label, words in ((1, POSITIVE), (0, NEGATIVE)):
-        for i, (word, subject) in zip(range(n_per_label), itertools.cycle(itertools.product(words, SUBJECTS))):
-            text = (
-                f"id{label}x{i} This film was {word}. The {subject} felt {word} from start to finish, and I left "
-                f"the cinema thinking how {word} it all was. Honestly the {subject} and the cast were {word}; "
-                f"{word} is the only word for it, and I will be telling my friends about it for weeks."
-            )
-            rows.append({"text": text, "label": label, "source": "imdb"})
-    rows += [{"text": f"short{i} This film was fine.", "label": 1, "source": "imdb"} for i in range(2)]
-    rows += [{"text": rows[0]["text"].replace("id1x0", f"rt{i}"), "label": 1, "source": "rt"} for i in range(3)]
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["text", "label", "source"])
-        writer.writeheader()
-        writer.writerows(rows)
-    return path
 
 
 def word_tokenizer(csv_path: Path) -> PreTrainedTokenizerFast:
@@ -69,7 +43,7 @@ def offline(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def reviews_csv(tmp_path: Path) -> Path:
-    return write_reviews_csv(tmp_path / "reviews.csv")
+    return write_reviews_csv(tmp_path / "reviews.csv", short_imdb=2)
 
 
 def _length_reward(texts: list[str]) -> list[float]:
@@ -158,9 +132,7 @@ def test_config_instantiates_with_default_and_classifier_rewards(tmp_path: Path,
     positive, negative = task.score(["The film was"] * 2, [" wonderful and superb", " awful and boring"])
     assert positive > negative
 
-    from test_rewards import _save_tiny_classifier
-
-    _save_tiny_classifier(tmp_path / "clf", {0: "NEGATIVE", 1: "POSITIVE"})
+    save_tiny_classifier(tmp_path / "clf", {0: "NEGATIVE", 1: "POSITIVE"})
     override = [  # the override documented at the top of conf/task/imdb.yaml
         "task/reward=distilbert_imdb",
         f"task.reward.name_or_path={tmp_path / 'clf'}",

@@ -18,11 +18,22 @@ from cory.train import train
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["ppo", "cory"])
 def test_reward_rises_on_the_toy_task(tmp_path, algorithm: str) -> None:
-    cfg = compose_cfg([
-        "experiment=smoke", f"algorithm={algorithm}", "progress=false", "iterations=25", "batch_size=32",
-        "eval_every=0", "save_every=0", "num_eval=32", "algorithm.agent.learning_rate=1e-3",
-        "algorithm.agent.init_kl_coef=0.05", "algorithm.agent.ppo_epochs=4", f"cache_dir={tmp_path / 'cache'}",
-    ])
+    cfg = compose_cfg(
+        [
+            "experiment=smoke",
+            f"algorithm={algorithm}",
+            "progress=false",
+            "iterations=25",
+            "batch_size=32",
+            "eval_every=0",
+            "save_every=0",
+            "num_eval=32",
+            "algorithm.agent.learning_rate=1e-3",
+            "algorithm.agent.init_kl_coef=0.05",
+            "algorithm.agent.ppo_epochs=4",
+            f"cache_dir={tmp_path / 'cache'}",
+        ]
+    )
     summary = train(cfg, tmp_path / "run")
     agents = ["llm1"] if algorithm == "ppo" else ["llm1", "llm2"]
     for agent in agents:

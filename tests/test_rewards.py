@@ -9,39 +9,14 @@ The real 25k-review training is `slow`. Run: `pytest -q tests/test_rewards.py -m
 from __future__ import annotations
 
 import csv
-import itertools
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from transformers import DistilBertConfig, DistilBertForSequenceClassification
+from fakes import save_tiny_classifier, write_reviews_csv
 
-from cory.models import byte_tokenizer
 from cory.rewards import ClassifierReward, TfidfSentimentReward
-
-POSITIVE = ["wonderful", "brilliant", "moving", "delightful", "superb", "charming"]
-NEGATIVE = ["awful", "boring", "dreadful", "clumsy", "tedious", "painful"]
-SUBJECTS = ["acting", "script", "ending", "music", "pacing"]
-
-
-def write_reviews_csv(path: Path, n_per_label: int = 30) -> Path:
-    """A CSV (text,label,source) of template reviews longer than 200 characters; a few non-imdb rows."""
-    rows = []
-    for label, words in ((1, POSITIVE), (0, NEGATIVE)):
-        for i, (word, subject) in zip(range(n_per_label), itertools.cycle(itertools.product(words, SUBJECTS))):
-            text = (
-                f"id{label}x{i} This film was {word}. The {subject} felt {word} from start to finish, and I left "
-                f"the cinema thinking how {word} it all was. Honestly the {subject} and the cast were {word}; "
-                f"{word} is the only word for it, and I will be telling my friends about it for weeks."
-            )
-            rows.append({"text": text, "label": label, "source": "imdb"})
-    rows += [{"text": "A short rotten tomatoes blurb.", "label": 1, "source": "rt"}] * 3
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["text", "label", "source"])
-        writer.writeheader()
-        writer.writerows(rows)
-    return path
 
 
 @pytest.fixture(autouse=True)
@@ -50,30 +25,12 @@ def offline(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv(var, "1")
 
 
-def _save_tiny_classifier(folder: Path, id2label: dict[int, str]) -> None:
-    tokenizer = byte_tokenizer()
-    config = DistilBertConfig(
-        vocab_size=len(tokenizer),
-        dim=16,
-        n_layers=1,
-        n_heads=2,
-        hidden_dim=32,
-        max_position_embeddings=64,
-        id2label=id2label,
-        label2id={v: k for k, v in id2label.items()},
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(0)
-    DistilBertForSequenceClassification(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-
-
 @pytest.mark.parametrize(
     "id2label, positive_index",
     [({0: "NEGATIVE", 1: "POSITIVE"}, 1), ({0: "POSITIVE", 1: "NEGATIVE"}, 0), ({0: "LABEL_0", 1: "LABEL_1"}, 1)],
 )
 def test_classifier_reward_is_raw_positive_logit(tmp_path: Path, id2label: dict, positive_index: int) -> None:
-    _save_tiny_classifier(tmp_path, id2label)
+    save_tiny_classifier(tmp_path, id2label)
     reward = ClassifierReward(str(tmp_path), batch_size=2)
     texts = ["This movie was great", "terrible boring film", "ok", "x" * 500]  # the last one needs truncation
     scores = reward(texts)
