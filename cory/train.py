@@ -162,6 +162,7 @@ def _make_logger(cfg: DictConfig, run_dir: Path, run_info: dict, run_id: str | N
             name=f"{run_info['algorithm']}-kl{run_info['kl_coef']}-s{run_info['seed']}",
             tags=[f"{k}={run_info.get(k)}" for k in ("model", "task", "algorithm")],
         )
+        kwargs["group"] = kwargs.get("group") or _choice("experiment")  # runs of one experiment side by side
     return get_object(cfg.logger._target_)(**kwargs)
 
 
