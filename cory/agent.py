@@ -78,9 +78,7 @@ class Agent:
             torch.manual_seed(seed if value_head_seed is None else value_head_seed)
             self.policy = PolicyWithValueHead(model).to(self.device)
         self.ref_model = ref_model  # shared, frozen π0: never stepped, never saved by an agent
-        self.optimizer = torch.optim.Adam(
-            [p for p in self.policy.parameters() if p.requires_grad], lr=config.learning_rate
-        )
+        self.optimizer = self._new_optimizer()
         self.kl_ctl = ppo_core.KLController(
             config.init_kl_coef, config.adaptive_kl, config.kl_target, config.kl_horizon
         )
@@ -280,9 +278,16 @@ class Agent:
                 "ratio_threshold_hit": float(hit),
             }
 
+    def _trainable_params(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.policy.parameters() if p.requires_grad]
+
+    def _new_optimizer(self) -> torch.optim.Adam:
+        """Adam with torch defaults, no weight decay, constant learning rate (REFERENCE.md §2.1)."""
+        return torch.optim.Adam(self._trainable_params(), lr=self.config.learning_rate)
+
     def _optimizer_step(self) -> bool:
         """Average gradients across processes, clip, step; a non-finite gradient skips the step (False)."""
-        params = [p for p in self.policy.parameters() if p.requires_grad]
+        params = self._trainable_params()
         if world_size() > 1:  # data-parallel: average gradients over processes (cory/distributed.py)
             for p in params:
                 if p.grad is not None:
@@ -326,9 +331,7 @@ class Agent:
 
     def reset_training_state(self) -> None:
         """Fresh optimiser, KL controller and score moments: the official swap's side effects (§1.5)."""
-        self.optimizer = torch.optim.Adam(
-            [p for p in self.policy.parameters() if p.requires_grad], lr=self.config.learning_rate
-        )
+        self.optimizer = self._new_optimizer()
         self.kl_ctl.value = self.config.init_kl_coef
         self.score_moments = ppo_core.RunningMoments()
         self.steps_since_load = 0  # the official swap reloads the models
