@@ -79,6 +79,9 @@ METRICS: dict[str, str] = {
         "r − β·KL_seq with the agent's current β (secondary; the official code's `LLM*_index`)."
     ),
     train_key(_A, "response_length"): "T: response tokens, EOS included if generated.",
+    train_key(_A, "tokens"): (
+        "Prompt + response tokens of the batch, padding excluded: the work of each forward and backward pass."
+    ),
     train_key(_A, "hit_max_tokens"): "Fraction of responses that reached `max_new_tokens`.",
     train_key(_A, "entropy"): (
         "Mean over response tokens of the full-vocabulary entropy H(π_θ(·|s_t)), from rollout-time logits."

@@ -113,8 +113,13 @@ def forward_logits(
     if with_values:
         logits, values = model(input_ids, attention_mask, position_ids, logits_to_keep=T + 1)
         return logits[:, :-1], values[:, :-1]
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
-                logits_to_keep=T + 1)
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=False,
+        logits_to_keep=T + 1,
+    )
     return out.logits[:, :-1].float(), None
 
 

@@ -6,7 +6,8 @@
 Each algorithm runs `cory.train.train` in its own subprocess (peak memory is per process: `ru_maxrss` on a
 CPU never goes down, CUDA's peak is per process too) for `warmup + iterations` iterations with evaluation
 and checkpoints kept to the minimum; the first `warmup` iterations are not timed. Prints one JSON object:
-seconds per iteration with its generate/learn split, peak memory (MiB), and the CORY/PPO ratio.
+seconds per iteration with its generate/learn split, peak memory (MiB), and the CORY/PPO ratio, split into
+the ratio of tokens processed (`train/<agent>/tokens`, summed over agents) and the ratio of cost per token.
 """
 
 from __future__ import annotations
@@ -52,8 +53,14 @@ def child(algorithm: str, total: int, warmup: int, overrides: list[str], threads
     def mean(key: str) -> float:
         return statistics.fmean(r[key] for r in timed)
 
+    # tokens every forward/backward of the iteration processes, summed over agents (`train/<agent>/tokens`)
+    tokens = statistics.fmean(
+        sum(v for k, v in r.items() if k.startswith("train/") and k.endswith("/tokens")) for r in timed
+    )
     return {
         "s_per_iter": mean("time/iteration_s"),
+        "tokens_per_iter": tokens,
+        "ms_per_token": 1000 * mean("time/iteration_s") / tokens,
         "generate_s": mean("time/generate_s"),
         "learn_s": mean("time/learn_s"),
         "peak_mb": max(r["memory/peak_mb"] for r in rows),
@@ -112,6 +119,9 @@ def main() -> None:
             sys.exit(f"benchmark: the {algorithm} run failed (exit {proc.returncode})")
         result[algorithm] = json.loads(proc.stdout.strip().splitlines()[-1])
     result["ratio"] = result["cory"]["s_per_iter"] / result["ppo"]["s_per_iter"]
+    # how much of the ratio is the method's extra tokens (the observer's longer prompt) and how much is cost per token
+    result["token_ratio"] = result["cory"]["tokens_per_iter"] / result["ppo"]["tokens_per_iter"]
+    result["cost_per_token_ratio"] = result["cory"]["ms_per_token"] / result["ppo"]["ms_per_token"]
     result["target_ratio"] = TARGET_RATIO
     result["meets_target"] = result["ratio"] <= TARGET_RATIO
     print(json.dumps(result, indent=2))

@@ -116,6 +116,13 @@ def test_observer_prompt(calls, knowledge_transfer):
     else:
         assert obs_prompts == pio_prompts
     assert [row["observer_prompt"] for row in out.samples] == obs_prompts
+    # the cost metric counts what each agent's forwards process: its own prompt plus its response
+    tok = cory.agents["llm1"].tokenizer
+    for name, prompts, rollout in calls.act:
+        n_prompt = sum(len(tok(p, add_special_tokens=False)["input_ids"]) for p in prompts)
+        assert out.metrics[f"train/{name}/tokens"] == n_prompt + rollout.response_mask.sum().item()
+    if knowledge_transfer:  # x_O quotes q and a1 and repeats q: the observer always processes more tokens
+        assert out.metrics["train/llm2/tokens"] > out.metrics["train/llm1/tokens"]
     assert [row["pioneer_response"] for row in out.samples] == pio.responses
 
 
@@ -144,6 +151,7 @@ class StubAgent:
             prompts=list(prompts),
             responses=[f"{self.name}:{p}" for p in prompts],
             kls=torch.ones(n, 2),
+            prompt_mask=torch.ones(n, 1),
             response_mask=torch.ones(n, 2),
             hit_max_tokens=torch.zeros(n, dtype=torch.bool),
         )

@@ -233,7 +233,7 @@ def test_wandb_log_failure_keeps_jsonl(tmp_path, monkeypatch, capsys):
 REQUIRED = (
     [f"train/<agent>/{n}" for n in (
         "task_reward", "kl", "kl_per_token", "kl_coef", "combined_reward", "combined_reward_current_beta",
-        "response_length", "hit_max_tokens", "entropy", "sampled_entropy", "collective_reward")]
+        "response_length", "tokens", "hit_max_tokens", "entropy", "sampled_entropy", "collective_reward")]
     + [f"ppo/<agent>/{n}" for n in (
         "policy_loss", "value_loss", "clipfrac", "value_clipfrac", "approx_kl", "entropy", "ratio",
         "ratio_threshold_hits", "explained_variance", "mean_non_score_reward")]

@@ -55,6 +55,7 @@ def agent_metrics(
         "combined_reward": (r - eval_kl_coef * kl_seq).mean().item(),
         "combined_reward_current_beta": (r - beta * kl_seq).mean().item(),
         "response_length": rollout.response_mask.sum(-1).float().mean().item(),
+        "tokens": float(rollout.prompt_mask.sum() + rollout.response_mask.sum()),
         "hit_max_tokens": rollout.hit_max_tokens.float().mean().item(),
         "entropy": learn_stats.get("entropy", float("nan")),
         "sampled_entropy": learn_stats.get("sampled_entropy", float("nan")),
