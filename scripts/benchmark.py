@@ -57,10 +57,11 @@ def child(algorithm: str, total: int, warmup: int, overrides: list[str], threads
     tokens = statistics.fmean(
         sum(v for k, v in r.items() if k.startswith("train/") and k.endswith("/tokens")) for r in timed
     )
+    s_per_iter = mean("time/iteration_s")
     return {
-        "s_per_iter": mean("time/iteration_s"),
+        "s_per_iter": s_per_iter,
         "tokens_per_iter": tokens,
-        "ms_per_token": 1000 * mean("time/iteration_s") / tokens,
+        "ms_per_token": 1000 * s_per_iter / tokens,
         "generate_s": mean("time/generate_s"),
         "learn_s": mean("time/learn_s"),
         "peak_mb": max(r["memory/peak_mb"] for r in rows),
