@@ -132,8 +132,8 @@ def from_pretrained_or_fail(loader: Callable[..., T], name_or_path: str, *, what
         ) from err
 
 
-def load_dataset_or_fail(name: str, *, key: str, hint: str = "", **kwargs: Any) -> Any:
-    """`datasets.load_dataset(name, **kwargs)` that fails within seconds when the Hub cannot provide `name`.
+def load_dataset_or_fail(name: str, *args: Any, key: str, hint: str = "", **kwargs: Any) -> Any:
+    """`datasets.load_dataset(name, *args, **kwargs)` that fails within seconds when the Hub cannot provide `name`.
 
     Local builders ("csv", "json", ...) and local files or folders go straight through. With an offline variable
     set, `datasets` itself answers from its cache in about 1 s (ENVIRONMENT.md §6), so it is still called then.
@@ -142,7 +142,7 @@ def load_dataset_or_fail(name: str, *, key: str, hint: str = "", **kwargs: Any) 
         name: a Hub dataset id ("imdb"), a local builder name or a local path.
         key: the config key to change, named in the fix (e.g. "task.source").
         hint: a task-specific way to use local data instead, replacing the generic one in the message.
-        **kwargs: passed to `load_dataset` (split, data_files, ...).
+        *args, **kwargs: passed to `load_dataset` (a config name, split, data_files, ...).
 
     Raises:
         AssetUnavailableError: the dataset is neither local, cached nor downloadable.
@@ -150,7 +150,7 @@ def load_dataset_or_fail(name: str, *, key: str, hint: str = "", **kwargs: Any) 
     from datasets import load_dataset
 
     if name in _LOCAL_BUILDERS or os.path.exists(os.path.expanduser(name)):
-        return load_dataset(name, **kwargs)
+        return load_dataset(name, *args, **kwargs)
     if _looks_local(name):
         raise AssetUnavailableError(
             _message("dataset", name, key, "it looks like a local path but no such local file or folder exists", hint)
@@ -170,7 +170,7 @@ def load_dataset_or_fail(name: str, *, key: str, hint: str = "", **kwargs: Any) 
             )
         )
     try:
-        return load_dataset(name, **kwargs)
+        return load_dataset(name, *args, **kwargs)
     except _LOADER_ERRORS as err:
         raise AssetUnavailableError(
             _message("dataset", name, key, f"{tried} ({type(err).__name__}: {err})", hint)
