@@ -43,8 +43,8 @@ def gsm8k_problems(split: str, name_or_path: str = "openai/gsm8k", config: str =
         cory.hub.AssetUnavailableError: the dataset is neither local nor reachable (one paragraph with the way out).
     """
     hint = (
-        "point task.dataset_name at a local copy (a snapshot of the Hub repository, a folder with train/test files, or "
-        "one json/jsonl/parquet/csv file with question/answer columns), or use the offline problems with "
+        "point task.dataset_name at a local copy (a snapshot of the Hub repository, a folder with train/test files, "
+        "or one json/jsonl/parquet/csv file with question/answer columns), or use the offline problems with "
         "task.source=gsm_symbolic"
     )
     path = os.path.expanduser(name_or_path)
