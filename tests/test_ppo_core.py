@@ -1,6 +1,6 @@
-"""Hand-computed unit tests for every function in `cory.ppo_core` (REFERENCE.md §1.4, §1.5, §2.3–§2.8).
+"""Hand-computed unit tests for every function in `cory.ppo_core` (docs/method.md §1.4, §1.5, §2.3–§2.8).
 
-Layer 1 of STYLE.md §3.6: pure maths, no model, no network. Every expected number is worked out by hand in the
+Pure maths, no model, no network. Every expected number is worked out by hand in the
 comments next to it, on small [B=2, T=3] tensors whose masks include padding. Padding positions hold large
 garbage values on purpose, so a function that forgets the mask fails loudly. GAE is also checked against a
 naive per-sample loop over only the real response tokens.
@@ -396,7 +396,7 @@ def test_kl_controller_fixed_stays_constant():
 
 
 def test_reference_1_5_kl_drift_bounds():
-    """REFERENCE.md §1.5: ±0.2·B/10000 per iteration; B=256 → ±0.512%, ×0.60…×1.67 over 100 iterations."""
+    """docs/method.md §1.5: ±0.2·B/10000 per iteration; B=256 → ±0.512%, ×0.60…×1.67 over 100 iterations."""
     lo, hi = pc.KLController(1.0), pc.KLController(1.0)
     lo.update(0.0, 256)
     hi.update(1e9, 256)
