@@ -142,17 +142,6 @@ METRICS: dict[str, str] = {
 del _A
 
 
-def metric_names(agents: list[str] | tuple[str, ...]) -> list[str]:
-    """Every concrete metric name for the given agents (patterns with `<agent>` expanded once per agent)."""
-    names: list[str] = []
-    for pattern in METRICS:
-        if AGENT_PLACEHOLDER in pattern:
-            names.extend(pattern.replace(AGENT_PLACEHOLDER, agent) for agent in agents)
-        else:
-            names.append(pattern)
-    return names
-
-
 def is_known_metric(name: str) -> bool:
     """Whether `name` matches a pattern of `METRICS` (any agent name but a role name in place of `<agent>`)."""
     if name in METRICS:
