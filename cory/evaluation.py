@@ -40,7 +40,7 @@ def evaluate(
             kl_estimator="full",
             evaluation=True,
         )
-    scores, _ = SafeScorer(task)(queries, rollout.responses)
+    scores, failed = SafeScorer(task)(queries, rollout.responses)
     r = torch.tensor(scores)
     kl_seq = rollout.kls.sum(-1)
     metrics = {
@@ -48,6 +48,7 @@ def evaluate(
         "kl": kl_seq.mean().item(),
         "combined_reward": (r - task.eval_kl_coef * kl_seq).mean().item(),
         "response_length": rollout.response_mask.sum(-1).float().mean().item(),
+        "reward_failures": float(failed),
     }
     samples = [
         {"query": q, "response": a, "reward": s, "kl": k}

@@ -126,6 +126,7 @@ METRICS: dict[str, str] = {
     eval_key(_A, "kl"): "KL_seq on the query-only prompt against π0 on held-out queries (frontier y-axis is −KL_seq).",
     eval_key(_A, "combined_reward"): "r − η_eval·KL_seq on held-out queries, fixed η_eval shared by all algorithms.",
     eval_key(_A, "response_length"): "T on held-out queries, EOS included if generated.",
+    eval_key(_A, "reward_failures"): "Held-out samples whose reward raised (given the task's failure reward).",
     # Cost.
     TIME_ITERATION: "Wall-clock seconds of the whole training iteration.",
     TIME_GENERATE: "Seconds spent generating responses this iteration (all agents).",
