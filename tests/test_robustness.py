@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 # Six iterations, a checkpoint every two, an evaluation every two (smoke's); CORY swaps roles every two, so a
 # swap falls after every checkpoint a resume starts from.
 RESUMABLE = ["iterations=6", "save_every=2", "algorithm.swap_period=2"]
-# The bound is ~15 s on an idle machine. These checks run two at a time on a shared 2-CPU machine, where the
+# The bound is ~15 s on an idle machine. These checks run two at a time on a shared 2-CPU machine, where the
 # interpreter start alone takes ~10 s; an unreachable Hub costs >= 50 s, so 25 s still tells them apart. That no
 # model is built is proven in-process (`test_bad_config_fails_before_any_model_loads`).
 FAIL_FAST_S = 25.0
