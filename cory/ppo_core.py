@@ -230,13 +230,14 @@ def scale_scores(scores: torch.Tensor, moments: RunningMoments, norm: bool, clip
 class KLController:
     """β with TRL's adaptive rule, or fixed (docs/method.md §2.8).
 
-    Adaptive: e = clip(KL/target − 1, ±0.2); β ← β·(1 + e·n/horizon), run after the PPO epochs.
+    Adaptive: e = clip(KL/target − 1, ±0.2); β ← β·(1 + e·n/horizon), run after the PPO epochs. No defaults: the
+    values come from the learner block of the YAML (`PPOConfig`).
     """
 
     value: float
-    adaptive: bool = True
-    target: float = 6.0
-    horizon: float = 10000.0
+    adaptive: bool
+    target: float
+    horizon: float
 
     def update(self, current_kl: float, n_steps: int) -> None:
         if not self.adaptive:
