@@ -1,6 +1,6 @@
 """`Agent`: one trainable LLM with its value head, optimiser, KL controller and score statistics.
 
-PPO has one agent and CORY two; both call exactly this code (REFERENCE.md §1.1, §2). `learn` is TRL 0.11.4's
+PPO has one agent and CORY two; both call exactly this code (docs/method.md §1.1, §2). `learn` is TRL 0.11.4's
 `PPOTrainer.step` after generation: for the same weights, tokens, scores and permutation seed it gives the
 same update (`scripts/check_trl_parity.py`). Deliberate differences, listed in the README's implementation
 notes: responses are stored response-aligned, forwards get explicit position ids, and generation runs in eval
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 from safetensors.torch import load_model, save_model
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -24,39 +25,53 @@ from cory.distributed import world_size
 from cory.models import PolicyWithValueHead
 from cory.rollout import Rollout, forward_logits, generate, pad, score_forward
 
+# The learner block's only written values: `conf/algorithm/ppo.yaml` (experiments change them by small diffs).
+LEARNER_YAML = Path(__file__).resolve().parents[1] / "conf" / "algorithm" / "ppo.yaml"
+
 
 @dataclass(frozen=True)
 class PPOConfig:
-    """Learner hyperparameters: the `algorithm.agent` block, identical for PPO and CORY (REFERENCE.md §2)."""
+    """Learner hyperparameters: the `algorithm.agent` block, identical for PPO and CORY (docs/method.md §2).
 
-    learning_rate: float = 1.41e-5
-    init_kl_coef: float = 0.3
-    adaptive_kl: bool = True
-    kl_target: float = 6.0
-    kl_horizon: float = 10000.0
-    kl_penalty: str = "full"
-    gamma: float = 1.0
-    lam: float = 0.95
-    cliprange: float = 0.2
-    cliprange_value: float = 0.2
-    vf_coef: float = 0.1
-    ppo_epochs: int = 4
-    mini_batch_size: int = 256
-    gradient_accumulation_steps: int = 1
-    ratio_threshold: float = 10.0
-    ratio_threshold_skip: bool = False  # TRL zeroes the loss but still steps Adam (§2.6); true skips the step
-    use_score_scaling: bool = False
-    use_score_norm: bool = False
-    score_clip: float | None = None
-    max_grad_norm: float | None = None
-    whiten_rewards: bool = False
-    early_stopping: bool = False
-    target_kl: float = 1.0
-    generate_in_train_mode: bool = False  # TRL samples with dropout on after the first step (§2.1)
+    No field has a default: the numbers live in `conf/algorithm/ppo.yaml` (and the experiments' diffs) only, so a
+    changed YAML value cannot silently differ from code that builds this class. Outside Hydra (scripts, tests),
+    `PPOConfig.from_yaml(**overrides)` reads that block.
+    """
+
+    learning_rate: float
+    init_kl_coef: float  # β_0 (the paper's η)
+    adaptive_kl: bool  # TRL's adaptive controller (docs/method.md §2.8); false keeps β fixed
+    kl_target: float
+    kl_horizon: float
+    kl_penalty: str  # `full` (docs/method.md §1.4) or a sampled estimator `kl` | `abs` | `mse` (§2.4)
+    gamma: float
+    lam: float
+    cliprange: float
+    cliprange_value: float
+    vf_coef: float
+    ppo_epochs: int
+    mini_batch_size: int
+    gradient_accumulation_steps: int
+    ratio_threshold: float
+    ratio_threshold_skip: bool  # TRL zeroes the loss but still steps Adam (§2.6); true skips the step
+    use_score_scaling: bool  # R̃ = R/σ with running moments (§2.3)
+    use_score_norm: bool  # R̃ = (R − μ)/σ
+    score_clip: float | None
+    max_grad_norm: float | None
+    whiten_rewards: bool
+    early_stopping: bool
+    target_kl: float
+    generate_in_train_mode: bool  # TRL samples with dropout on after the first step (§2.1); evaluation never does
+
+    @classmethod
+    def from_yaml(cls, **overrides: object) -> PPOConfig:
+        """The `agent:` block of `conf/algorithm/ppo.yaml` with `overrides` (code that runs without Hydra)."""
+        block = yaml.safe_load(LEARNER_YAML.read_text(encoding="utf-8"))["agent"]
+        return cls(**(block | overrides))
 
 
 class Agent:
-    """One trainable copy of the model plus everything that belongs to it (REFERENCE.md §1.1, §1.5)."""
+    """One trainable copy of the model plus everything that belongs to it (docs/method.md §1.1, §1.5)."""
 
     def __init__(
         self,
@@ -84,7 +99,7 @@ class Agent:
         )
         self.score_moments = ppo_core.RunningMoments()
         # TRL draws minibatch permutations from numpy's legacy global RNG; a RandomState(seed) gives the same
-        # sequence as `np.random.seed(seed)` while keeping each agent's stream its own (REFERENCE.md §1.5).
+        # sequence as `np.random.seed(seed)` while keeping each agent's stream its own (docs/method.md §1.5).
         self.rng = np.random.RandomState(seed)
         self.seed = seed
         self.autocast_dtype = autocast_dtype
@@ -106,13 +121,16 @@ class Agent:
         batch_size: int,
         lengths: list[int] | None = None,
         kl_estimator: str | None = None,
+        evaluation: bool = False,
     ) -> Rollout:
         """Sample one response per prompt, then compute the rollout-time quantities.
 
         `lengths` (evaluation) cuts response i to its own cap; sampling is autoregressive, so this has the
         distribution of sampling with `max_new_tokens=lengths[i]` while generating the batch in one call.
+        `evaluation=True` always samples in eval mode (dropout off): `generate_in_train_mode` reproduces a quirk
+        of TRL's training loop and must not confound a before/after comparison (docs/method.md §2.1, §1.6).
         """
-        train_mode = self.config.generate_in_train_mode and self.steps_since_load > 0
+        train_mode = self.config.generate_in_train_mode and self.steps_since_load > 0 and not evaluation
         self.policy.train(train_mode)
         with self._autocast():
             prompt_ids, response_ids = generate(
@@ -186,9 +204,9 @@ class Agent:
         batch_size = len(rollout)
         inputs = (scores.float(), rollout.kls, rollout.logprobs, rollout.values)
         if not all(torch.isfinite(x).all() for x in inputs):
-            # a non-finite reward or KL would poison the weights: skip the whole update and say so (issue 4)
+            # a non-finite reward or KL would poison the weights: skip the whole update and say so
             return {"nonfinite_skipped": 1.0, "kl_coef": self.kl_ctl.value}
-        # 1. optional score scaling with this agent's running moments (§2.3)
+        # 1. optional score scaling with this agent's running moments: R → R̃ (§2.3)
         scores = scores.float()
         if cfg.use_score_scaling:
             self.score_moments.update(scores)
@@ -220,22 +238,21 @@ class Agent:
         kl_seq = (rollout.kls * mask).sum(-1)
         self.kl_ctl.update(kl_seq.mean().item(), batch_size * world_size())
         self.steps_since_load += 1
-        out = {k: float(np.mean([s[k] for s in stats])) for k in stats[0]} if stats else {}
+        out = {k: float(np.mean([s[k] for s in stats])) for k in stats[0]}
         out.update(
             kl=kl_seq.mean().item(),
-            kl_per_token=ppo_core.masked_mean(rollout.kls, mask).item(),
             kl_coef=kl_coef,
             entropy=ppo_core.masked_mean(rollout.entropy, mask).item(),
             sampled_entropy=(-rollout.logprobs * mask).sum(-1).mean().item(),
             mean_non_score_reward=ppo_core.masked_mean(non_score, mask).item(),
-            scaled_score=scores.mean().item(),
             explained_variance=ppo_core.explained_variance(values, returns, mask).item(),
             ratio_threshold_hits=float(sum(s["ratio_threshold_hit"] for s in stats)),
-            early_stopped=float(early_stop),
             nonfinite_steps=float(nonfinite_steps),
             nonfinite_skipped=0.0,
         )
-        out.pop("ratio_threshold_hit", None)
+        out["scaled_score"] = scores.mean().item()  # R̃: what entered the last token's reward (= R unscaled)
+        out["early_stopped"] = float(early_stop)
+        out.pop("ratio_threshold_hit")
         return out
 
     def _train_minibatch(
@@ -282,7 +299,7 @@ class Agent:
         return [p for p in self.policy.parameters() if p.requires_grad]
 
     def _new_optimizer(self) -> torch.optim.Adam:
-        """Adam with torch defaults, no weight decay, constant learning rate (REFERENCE.md §2.1)."""
+        """Adam with torch defaults, no weight decay, constant learning rate (docs/method.md §2.1)."""
         return torch.optim.Adam(self._trainable_params(), lr=self.config.learning_rate)
 
     def _optimizer_step(self) -> bool:

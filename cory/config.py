@@ -1,4 +1,4 @@
-"""Cross-field validation of the composed config, run before any model or dataset loads (issue 2, issue 4).
+"""Cross-field validation of the composed config, run before any model or dataset loads.
 
 Each failure is one line naming the key, its value and what is allowed.
 """

@@ -1,8 +1,12 @@
-"""Held-out evaluation of one agent alone in the query-only (pioneer) role (REFERENCE.md §1.6).
+"""Held-out evaluation of one agent alone in the query-only (pioneer) role (docs/method.md §1.6).
 
 PPO's agent and each CORY agent are evaluated identically, so their numbers are the same quantity:
 task reward r(q, a), KL_seq = Σ_t full-vocabulary KL to π0 on the query-only prompt, and the combined reward
 r − η_eval·KL_seq with η_eval fixed per task and shared by all algorithms.
+
+Evaluation always samples in eval mode (dropout off), whatever `generate_in_train_mode` says: that option
+reproduces TRL's training-time sampling (docs/method.md §2.1) and would otherwise make the evaluation at
+iteration 0 (eval mode, no update yet) and the later ones differ by dropout as well as by the policy.
 """
 
 from __future__ import annotations
@@ -34,8 +38,9 @@ def evaluate(
             batch_size,
             lengths=lengths,
             kl_estimator="full",
+            evaluation=True,
         )
-    scores, _ = SafeScorer(task)(queries, rollout.responses)
+    scores, failed = SafeScorer(task)(queries, rollout.responses)
     r = torch.tensor(scores)
     kl_seq = rollout.kls.sum(-1)
     metrics = {
@@ -43,6 +48,7 @@ def evaluate(
         "kl": kl_seq.mean().item(),
         "combined_reward": (r - task.eval_kl_coef * kl_seq).mean().item(),
         "response_length": rollout.response_mask.sum(-1).float().mean().item(),
+        "reward_failures": float(failed),
     }
     samples = [
         {"query": q, "response": a, "reward": s, "kl": k}

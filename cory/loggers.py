@@ -1,15 +1,16 @@
-"""Metric logging: one small interface, a JSONL backend that always runs, and an opt-in W&B mirror (STYLE.md §3.4).
+"""Metric logging: one small interface, a JSONL backend that always runs, and an opt-in W&B mirror.
 
 - `MetricLogger`: the protocol the trainers use (`log`, `log_table`, `close`).
 - `JsonlLogger`: writes `run_dir/metrics.jsonl` (one `{"iteration": step, **metrics}` object per `log` call) and
-  `run_dir/samples.jsonl` (one line per table row). Non-finite floats become `null`. On resume it first drops the
-  rows at or after the resume iteration, so a resumed run's file equals an uninterrupted one.
+  `run_dir/samples.jsonl` (one line per table row). Non-finite floats become `null`. A resumed run's trainer
+  truncates both files to its checkpoint's line counts before a logger opens them (`cory.trainer.truncate_lines`).
 - `WandbLogger`: wraps a `JsonlLogger` and mirrors everything to W&B. W&B can never stop training: a failing
   `wandb.init` falls back to JSONL only with one warning line, and a failing `wandb.log` disables the mirror.
 - Metric names live here and only here (`train_key`, `ppo_key`, `eval_key`, `role_key` and the constants), with a
-  one-line definition each in `METRICS` (REFERENCE.md §6); `metrics_markdown_table()` renders the README table.
+  one-line definition each in `METRICS` (docs/method.md §6); `metrics_markdown_table()` renders the README table.
+  A run emits no name that `METRICS` does not define (`tests/test_meaning.py`).
 
-`wandb` is imported lazily inside `WandbLogger`, so importing this module costs nothing (ENVIRONMENT.md §10).
+`wandb` is imported lazily inside `WandbLogger`, so importing this module costs nothing (importing it takes ~1 s).
 """
 
 from __future__ import annotations
@@ -90,12 +91,19 @@ METRICS: dict[str, str] = {
     train_key(_A, "collective_reward"): (
         "R_i = w_self·r_i + w_other·r_{−i}, the reward PPO optimises (before score scaling); equals r for PPO."
     ),
+    train_key(_A, "scaled_collective_reward"): (
+        "R̃_i: R_i as it enters the last token's reward, after score scaling, normalisation and clipping "
+        "(`use_score_scaling`, `use_score_norm`, `score_clip`); equals `collective_reward` when they are off."
+    ),
     # PPO internals, per agent (means over epochs and minibatches).
     ppo_key(_A, "policy_loss"): "Clipped surrogate policy loss.",
     ppo_key(_A, "value_loss"): "Clipped value-function loss.",
     ppo_key(_A, "clipfrac"): "Fraction of response tokens where the clipped policy term is the active one.",
     ppo_key(_A, "value_clipfrac"): "Fraction of response tokens where the clipped value term is the active one.",
     ppo_key(_A, "approx_kl"): "½·mean((log π_θ − log π_old)²) over response tokens (TRL's `policy/approxkl`).",
+    ppo_key(_A, "policy_kl"): (
+        "mean(log π_old − log π_θ) over response tokens (TRL's `policy/policykl`), the early-stopping statistic."
+    ),
     ppo_key(
         _A, "entropy"
     ): "Mean full-vocabulary token entropy in the training forward pass (TRL's `policy/entropy`).",
@@ -105,15 +113,20 @@ METRICS: dict[str, str] = {
     ): "Minibatches whose mean ratio exceeded `ratio_threshold` (loss zeroed, as TRL).",
     ppo_key(_A, "explained_variance"): "1 − Var(returns − values) / Var(returns) over response tokens.",
     ppo_key(_A, "mean_non_score_reward"): "Masked token mean of −β·kl_t (TRL's `ppo/mean_non_score_reward`).",
+    ppo_key(_A, "early_stopped"): (
+        "1 when the early-stopping test (policy_kl > 1.5·target_kl, checked after each epoch as TRL does) fired "
+        "and ended the epochs; always 0 with `early_stopping=false`."
+    ),
     ppo_key(_A, "nonfinite_skipped"): "1 when the whole update was skipped for a non-finite reward, KL or value.",
     ppo_key(_A, "nonfinite_steps"): "Optimiser steps skipped because a gradient was non-finite.",
     "train/reward_failures": "Samples whose reward function raised this iteration (given the task's failure reward).",
     "train/nonfinite_iterations": "Cumulative iterations with a non-finite loss, reward or KL (update skipped).",
-    # Evaluation: each agent alone, query-only (pioneer) prompt, held-out queries (REFERENCE.md §1.6).
+    # Evaluation: each agent alone, query-only (pioneer) prompt, held-out queries, dropout off (docs/method.md §1.6).
     eval_key(_A, "task_reward"): "Task reward of the agent alone on held-out queries (frontier x-axis).",
     eval_key(_A, "kl"): "KL_seq on the query-only prompt against π0 on held-out queries (frontier y-axis is −KL_seq).",
     eval_key(_A, "combined_reward"): "r − η_eval·KL_seq on held-out queries, fixed η_eval shared by all algorithms.",
     eval_key(_A, "response_length"): "T on held-out queries, EOS included if generated.",
+    eval_key(_A, "reward_failures"): "Held-out samples whose reward raised (given the task's failure reward).",
     # Cost.
     TIME_ITERATION: "Wall-clock seconds of the whole training iteration.",
     TIME_GENERATE: "Seconds spent generating responses this iteration (all agents).",
@@ -130,23 +143,12 @@ METRICS: dict[str, str] = {
 del _A
 
 
-def metric_names(agents: list[str] | tuple[str, ...]) -> list[str]:
-    """Every concrete metric name for the given agents (patterns with `<agent>` expanded once per agent)."""
-    names: list[str] = []
-    for pattern in METRICS:
-        if AGENT_PLACEHOLDER in pattern:
-            names.extend(pattern.replace(AGENT_PLACEHOLDER, agent) for agent in agents)
-        else:
-            names.append(pattern)
-    return names
-
-
 def is_known_metric(name: str) -> bool:
-    """Whether `name` matches a pattern of `METRICS` (any agent name in place of `<agent>`)."""
+    """Whether `name` matches a pattern of `METRICS` (any agent name but a role name in place of `<agent>`)."""
     if name in METRICS:
         return True
     parts = name.split("/")
-    if len(parts) == 3:
+    if len(parts) == 3 and parts[1] not in ROLES:  # the by-role views are defined one by one
         return "/".join((parts[0], AGENT_PLACEHOLDER, parts[2])) in METRICS
     return False
 
@@ -199,41 +201,17 @@ def _jsonable(value: Any) -> Any:
         return str(value)
 
 
-def _truncate_jsonl(path: Path, resume_from: int) -> None:
-    """Keep only the well-formed rows of `path` with `iteration < resume_from` (atomic rewrite)."""
-    if not path.exists():
-        return
-    kept = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:  # a partial last line from a crash
-            continue
-        if isinstance(row, dict) and isinstance(row.get("iteration"), int) and row["iteration"] < resume_from:
-            kept.append(line + "\n")
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(kept), encoding="utf-8")
-    os.replace(tmp, path)
-
-
 class JsonlLogger:
-    """Appends metrics to `run_dir/metrics.jsonl` and table rows to `run_dir/samples.jsonl`, one flushed line each.
-
-    `resume_from`: the iteration a resumed run starts at; existing rows with `iteration >= resume_from` are dropped
-    first (from both files) so the result equals an uninterrupted run's.
-    """
+    """Appends metrics to `run_dir/metrics.jsonl` and table rows to `run_dir/samples.jsonl`, one flushed line each."""
 
     METRICS_FILE = "metrics.jsonl"
     SAMPLES_FILE = "samples.jsonl"
 
-    def __init__(self, run_dir: str | Path, resume_from: int | None = None) -> None:
+    def __init__(self, run_dir: str | Path) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.run_dir / self.METRICS_FILE
         self.samples_path = self.run_dir / self.SAMPLES_FILE
-        if resume_from is not None:
-            _truncate_jsonl(self.metrics_path, resume_from)
-            _truncate_jsonl(self.samples_path, resume_from)
         self._metrics_file = self.metrics_path.open("a", encoding="utf-8")
         self._samples_file = None  # opened on the first table
 
@@ -322,7 +300,6 @@ class WandbLogger:
 
     `mode`: "online", "offline" or "disabled"; None → `resolve_wandb_mode`. In "disabled" mode wandb is not even
     imported. `run_id`: a W&B run id to resume (`resume="allow"`); `.run_id` holds the id to save in checkpoints.
-    `resume_from` is passed to the wrapped `JsonlLogger`.
     """
 
     def __init__(
@@ -336,10 +313,9 @@ class WandbLogger:
         name: str | None = None,
         mode: str | None = None,
         run_id: str | None = None,
-        resume_from: int | None = None,
         init_timeout: float = 20.0,
     ) -> None:
-        self.jsonl = JsonlLogger(run_dir, resume_from=resume_from)
+        self.jsonl = JsonlLogger(run_dir)
         self.run_dir = self.jsonl.run_dir
         self.mode = resolve_wandb_mode(mode)
         self._run_id = run_id

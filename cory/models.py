@@ -1,4 +1,4 @@
-"""Policy, value head, frozen reference and tokenizer (REFERENCE.md §2.1).
+"""Policy, value head, frozen reference and tokenizer (docs/method.md §2.1).
 
 Every `conf/model/*.yaml` is a `_target_` to one of the builders below; each returns `(model, tokenizer)` with
 the model in float32 on CPU. The agent wraps the model in `PolicyWithValueHead`; the trainer deep-copies the
@@ -73,7 +73,7 @@ class PolicyWithValueHead(nn.Module):
 
 
 def make_reference(model: PreTrainedModel) -> PreTrainedModel:
-    """A frozen deep copy of the initial model: π0, shared by every agent (REFERENCE.md §1.1)."""
+    """A frozen deep copy of the initial model: π0, shared by every agent (docs/method.md §1.1)."""
     ref = copy.deepcopy(model).eval()
     ref.requires_grad_(False)
     return ref
@@ -151,7 +151,7 @@ def load_smollm2_135m(cache_dir: str) -> tuple[PreTrainedModel, PreTrainedTokeni
 
 
 def _set_pad_token(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) -> None:
-    # GPT-2 and Llama have no pad token; TRL pads with EOS (REFERENCE.md §2.9). Masks make the choice harmless.
+    # GPT-2 and Llama have no pad token; TRL pads with EOS (docs/method.md §2.9). Masks make the choice harmless.
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     if model.generation_config is not None and model.generation_config.pad_token_id is None:

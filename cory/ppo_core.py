@@ -1,4 +1,4 @@
-"""Pure PPO maths, matching TRL 0.11.4's `PPOTrainer` function by function (REFERENCE.md §2).
+"""Pure PPO maths, matching TRL 0.11.4's `PPOTrainer` function by function (docs/method.md §2).
 
 Every tensor here is response-aligned: `[B, T]` holds one row per sample and one column per response token,
 right-padded, with `response_mask` 1 on the T_i real tokens (EOS included). TRL keeps the prompt columns too,
@@ -29,7 +29,7 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None
 
 
 def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
-    """Variance over masked positions, with Bessel's correction by default (REFERENCE.md §2.5)."""
+    """Variance over masked positions, with Bessel's correction by default (docs/method.md §2.5)."""
     mean = masked_mean(values, mask)
     var = masked_mean((values - mean) ** 2, mask)
     if unbiased:
@@ -48,7 +48,7 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = T
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# log-probs, entropy, KL (REFERENCE.md §1.4, §2.4)
+# log-probs, entropy, KL (docs/method.md §1.4, §2.4)
 # ---------------------------------------------------------------------------------------------------------------------
 def gather_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """log π(token) from logits. logits [B, T, V], tokens [B, T] → [B, T]."""
@@ -62,7 +62,7 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
 
 
 def full_kl(logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:
-    """kl_t = Σ_v π(v|s_t)·[log π(v|s_t) − log π0(v|s_t)] (REFERENCE.md §1.4, TRL `kl_penalty="full"`).
+    """kl_t = Σ_v π(v|s_t)·[log π(v|s_t) − log π0(v|s_t)] (docs/method.md §1.4, TRL `kl_penalty="full"`).
 
     logits, ref_logits [B, T, V] → [B, T].
     """
@@ -71,7 +71,7 @@ def full_kl(logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:
 
 
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
-    """Per-token sampled KL estimator of REFERENCE.md §2.4. [B, T] → [B, T].
+    """Per-token sampled KL estimator of docs/method.md §2.4. [B, T] → [B, T].
 
     `full` needs whole distributions and is computed by `full_kl` instead.
     """
@@ -106,7 +106,7 @@ def penalized_rewards(
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# advantages and losses (REFERENCE.md §2.5, §2.6)
+# advantages and losses (docs/method.md §2.5, §2.6)
 # ---------------------------------------------------------------------------------------------------------------------
 def gae(
     rewards: torch.Tensor,
@@ -149,7 +149,7 @@ def policy_loss(
     response_mask: torch.Tensor,
     cliprange: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Clipped surrogate L_pg = mean_t max(−Â·ρ, −Â·clip(ρ, 1±ε)) (REFERENCE.md §2.6).
+    """Clipped surrogate L_pg = mean_t max(−Â·ρ, −Â·clip(ρ, 1±ε)) (docs/method.md §2.6).
 
     All inputs [B, T]. Returns (loss [], clipfrac [], mean ratio []).
     """
@@ -168,7 +168,7 @@ def value_loss(
     response_mask: torch.Tensor,
     cliprange_value: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Clipped value loss ½·mean_t max((V−G)², (clip(V, V_old±ε)−G)²) (REFERENCE.md §2.6).
+    """Clipped value loss ½·mean_t max((V−G)², (clip(V, V_old±ε)−G)²) (docs/method.md §2.6).
 
     All inputs [B, T]. Returns (loss [], clipfrac []).
     """
@@ -186,7 +186,7 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, response_mas
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# score scaling (REFERENCE.md §2.3) and KL control (§2.8)
+# score scaling (docs/method.md §2.3) and KL control (§2.8)
 # ---------------------------------------------------------------------------------------------------------------------
 @dataclass
 class RunningMoments:
@@ -228,15 +228,16 @@ def scale_scores(scores: torch.Tensor, moments: RunningMoments, norm: bool, clip
 
 @dataclass
 class KLController:
-    """β with TRL's adaptive rule, or fixed (REFERENCE.md §2.8).
+    """β with TRL's adaptive rule, or fixed (docs/method.md §2.8).
 
-    Adaptive: e = clip(KL/target − 1, ±0.2); β ← β·(1 + e·n/horizon), run after the PPO epochs.
+    Adaptive: e = clip(KL/target − 1, ±0.2); β ← β·(1 + e·n/horizon), run after the PPO epochs. No defaults: the
+    values come from the learner block of the YAML (`PPOConfig`).
     """
 
     value: float
-    adaptive: bool = True
-    target: float = 6.0
-    horizon: float = 10000.0
+    adaptive: bool
+    target: float
+    horizon: float
 
     def update(self, current_kl: float, n_steps: int) -> None:
         if not self.adaptive:

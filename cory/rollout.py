@@ -1,4 +1,4 @@
-"""Batched generation and the rollout-time forward passes (REFERENCE.md §2.2, §2.9).
+"""Batched generation and the rollout-time forward passes (docs/method.md §2.2, §2.9).
 
 Layout: prompts are left-padded `[B, P]`, responses right-padded `[B, T]`; every forward gets
 `position_ids = cumsum(mask) − 1`, so padding never changes a log-prob. The logits at column P−1+t predict
@@ -28,7 +28,7 @@ class Rollout:
     logprobs: torch.Tensor  # [B, T] log π_old(a_t | s_t)
     ref_logprobs: torch.Tensor  # [B, T] log π0(a_t | s_t)
     values: torch.Tensor  # [B, T] V_old(s_t)
-    kls: torch.Tensor  # [B, T] per-token KL of the configured estimator (REFERENCE.md §2.4)
+    kls: torch.Tensor  # [B, T] per-token KL of the configured estimator (docs/method.md §2.4)
     entropy: torch.Tensor  # [B, T] full-vocabulary entropy of π_old
     hit_max_tokens: torch.Tensor  # [B] bool: the response ran to max_new_tokens without EOS
 
@@ -57,7 +57,7 @@ def pad(seqs: list[torch.Tensor], value: int, left: bool) -> tuple[torch.Tensor,
 
 
 def truncate_after_eos(response_ids: torch.Tensor, eos_token_id: int) -> torch.Tensor:
-    """Mask [B, T] keeping each response up to and including its first EOS (REFERENCE.md §2.9)."""
+    """Mask [B, T] keeping each response up to and including its first EOS (docs/method.md §2.9)."""
     is_eos = response_ids == eos_token_id
     eos_before = torch.cumsum(is_eos.long(), dim=1) - is_eos.long()  # EOS tokens strictly before t
     return (eos_before == 0).long()

@@ -1,4 +1,4 @@
-"""The single entrypoint: `python -m cory.train [hydra overrides]` (STYLE.md §3.3 wiring).
+"""The single entrypoint: `python -m cory.train [hydra overrides]`.
 
 `main` is the thin Hydra layer; `train(cfg, run_dir)` does the work and is what tests call.
 """

@@ -1,8 +1,8 @@
 """The algorithm-agnostic loop: batches → `algorithm.step` → metrics → evaluation → checkpoints.
 
-It never branches on PPO vs CORY (STYLE.md §3.3). Everything random is either derived from (seed, iteration)
+It never branches on PPO vs CORY. Everything random is either derived from (seed, iteration)
 — data order and length draws — or saved in the checkpoint — the global RNGs and each agent's stream — so a
-resumed run continues exactly (issue 4). Checkpoints are written to a temporary folder and renamed, so a crash
+resumed run continues exactly. Checkpoints are written to a temporary folder and renamed, so a crash
 while writing leaves the previous one intact.
 """
 
@@ -85,7 +85,7 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------------ data
     def batch(self, k: int) -> list[str]:
-        """Iteration k's queries: epoch-wise reshuffles seeded by (seed, epoch), drop_last (REFERENCE §3.1)."""
+        """Iteration k's queries: epoch-wise reshuffles seeded by (seed, epoch), drop_last (docs/method.md §3.1)."""
         n, B, W = len(self.train_queries), self.s.batch_size, distributed.world_size()
         per_epoch = n // (B * W)  # with W processes each takes its own slice of a global batch of B·W
         epoch, j = divmod(k, per_epoch)

@@ -1,4 +1,4 @@
-"""Time one PPO and one CORY iteration on the same config; the issue's target is CORY ≤ 2.2× PPO.
+"""Time one PPO and one CORY iteration on the same config; the target is CORY ≤ 2.2× PPO.
 
     python scripts/benchmark.py                                   # experiment=smoke, 3 timed iterations
     python scripts/benchmark.py --iterations 3 model=smollm2_135m task=imdb experiment=quickstart

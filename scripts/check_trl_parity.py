@@ -1,4 +1,4 @@
-"""Numerical parity of `cory.agent.Agent.learn` with TRL 0.11.4's `PPOTrainer.step` (REFERENCE.md §2).
+"""Numerical parity of `cory.agent.Agent.learn` with TRL 0.11.4's `PPOTrainer.step` (docs/method.md §2).
 
 TRL ≥ 0.12 has no step-API PPO, so the oracle lives in its own virtual environment:
 
@@ -271,7 +271,7 @@ def run_case(
     _patch_running_moments(trainer.running)
 
     # ---- ours, with TRL's value-head weights
-    cfg = CoryPPOConfig(
+    cfg = CoryPPOConfig.from_yaml(  # conf/algorithm/ppo.yaml's learner (TRL's defaults) with this case's values
         learning_rate=learning_rate,
         init_kl_coef=init_kl_coef,
         adaptive_kl=True,

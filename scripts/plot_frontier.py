@@ -1,10 +1,10 @@
-"""KL-vs-reward frontier (paper §3.2, Fig. 2c; REFERENCE.md §3.4) from the `summary.json` files of runs or sweeps.
+"""KL-vs-reward frontier (paper §3.2, Fig. 2c; docs/method.md §3.4) from the `summary.json` files of runs or sweeps.
 
     python scripts/plot_frontier.py RUN_OR_SWEEP_DIR [...] --out frontier.png [--json frontier.json]
 
 Every `summary.json` below the given directories is one run:
 `{"algorithm", "kl_coef", "seed", "iterations", "agents": {"llm1": {"task_reward", "kl", "combined_reward"}, ...}}`,
-with the agents' final held-out evaluation (each agent alone, query-only prompt; REFERENCE.md §1.6).
+with the agents' final held-out evaluation (each agent alone, query-only prompt; docs/method.md §1.6).
 
 - One point per (run, agent) at x = eval task reward, y = −eval KL_seq; colour = algorithm, marker = agent.
 - Points are averaged over seeds per (algorithm, kl_coef, agent), shown as mean ± std error bars when there are

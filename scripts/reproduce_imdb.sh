@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Paper §4.1 / Fig. 3 and §4.3 / Fig. 6 on IMDB (REFERENCE.md §3.1, §3.5): 100 iterations, batch 256, 3 seeds.
+# Paper §4.1 / Fig. 3 and §4.3 / Fig. 6 on IMDB (docs/method.md §3.1, §3.5): 100 iterations, batch 256, 3 seeds.
 # Needs a GPU and the Hub assets (gpt2-large, gpt2-xl, lvwerra/distilbert-imdb, imdb) or local copies:
 #   model.name_or_path=/path/gpt2-large  task.reward.name_or_path=/path/distilbert-imdb  task.source=packaged
 # Each run: one A100/H100-class GPU; PPO-GPT2-L ≈ 1–2 h, CORY ≈ 2× that (paper: < 12 h on one A6000 for XL).

@@ -1,6 +1,7 @@
 """Shared fixtures: offline environment, composed configs and a tiny model.
 
-Everything runs offline on a CPU: the Hub, datasets and W&B are never contacted (ENVIRONMENT.md §9).
+Everything runs offline on a CPU: the Hub, datasets and W&B are never contacted (a Hub lookup would otherwise
+retry for 25–50 s, and an inherited W&B key would hang a run).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Behaviour tests for `cory.agent.Agent` and `cory.rollout` on the tiny in-memory GPT-2 (REFERENCE.md §1.4, §2).
+"""Behaviour tests for `cory.agent.Agent` and `cory.rollout` on the tiny in-memory GPT-2 (docs/method.md §1.4, §2).
 
 Covers: a `learn` call moves the policy and the value head but never the frozen reference; rollout log-probs,
 values and KL are invariant to padding (left-padded prompts, right-padded responses, explicit position ids);
@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from from_config import learner
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from cory import ppo_core
@@ -32,8 +33,8 @@ from cory.agent import Agent, PPOConfig
 from cory.models import build_tiny_gpt2, make_reference
 from cory.rollout import forward_logits, pad, truncate_after_eos
 
-# B = 4 samples, 2 per minibatch, 2 epochs → 4 optimiser steps per learn
-CFG = PPOConfig(learning_rate=1e-3, mini_batch_size=2, ppo_epochs=2)
+# The paper's learner block from the YAML, with B = 4 samples, 2 per minibatch, 2 epochs → 4 optimiser steps per learn
+CFG = learner(learning_rate=1e-3, mini_batch_size=2, ppo_epochs=2)
 PROMPT_LENS = [3, 5, 2, 4]
 RESPONSE_LENS = [4, 1, 6, 3]
 SCORES = torch.tensor([1.0, -0.5, 2.0, 0.0])
@@ -343,20 +344,23 @@ def test_learn_stats_and_adaptive_kl_update():
     assert 0.0 <= stats["clipfrac"] <= 1.0 and stats["approx_kl"] >= 0.0
     # entropy is the full-vocabulary entropy of π_old, between 0 and log V
     assert 0.0 < stats["entropy"] < math.log(agent.policy.pretrained_model.config.vocab_size)
-    # step 0: KL = 0 → e = clip(0/6 − 1, ±0.2) = −0.2; n = B = 4: β = 0.3·(1 − 0.2·4/10000) = 0.3·0.99992 = 0.299976
-    assert stats["kl_coef"] == 0.3  # the β used for this batch, from before the update
-    assert agent.kl_ctl.value == pytest.approx(0.299976, abs=1e-12)
-    # a second batch whose KL is > 0: the returned β is 0.299976 and the update follows the measured KL
+    # step 0: KL = 0 → e = clip(0/target − 1, ±0.2) = −0.2; n = B = 4: β_1 = β_0·(1 − 0.2·4/horizon)
+    # (paper values β_0 = 0.3, horizon 10000: 0.3·0.99992 = 0.299976)
+    beta0, target, horizon = CFG.init_kl_coef, CFG.kl_target, CFG.kl_horizon
+    beta1 = beta0 * (1 - 0.2 * 4 / horizon)
+    assert stats["kl_coef"] == beta0  # the β used for this batch, from before the update
+    assert agent.kl_ctl.value == pytest.approx(beta1, abs=1e-12)
+    # a second batch whose KL is > 0: the returned β is β_1 and the update follows the measured KL
     rollout2 = rollout_for(agent, seed=1)
     stats2 = agent.learn(rollout2, SCORES)
-    assert stats2["kl_coef"] == pytest.approx(0.299976, abs=1e-12)
+    assert stats2["kl_coef"] == pytest.approx(beta1, abs=1e-12)
     mask = rollout2.response_mask.float()
     assert stats2["kl"] == pytest.approx((rollout2.kls * mask).sum(-1).mean().item(), abs=1e-6)
     assert stats2["kl"] > 0
-    e = float(np.clip(stats2["kl"] / 6.0 - 1.0, -0.2, 0.2))
-    assert agent.kl_ctl.value == pytest.approx(0.299976 * (1 + e * 4 / 10000), abs=1e-12)
+    e = float(np.clip(stats2["kl"] / target - 1.0, -0.2, 0.2))
+    assert agent.kl_ctl.value == pytest.approx(beta1 * (1 + e * 4 / horizon), abs=1e-12)
     # the non-score reward of this batch used the β from before the update, too
-    expected = ppo_core.masked_mean(-0.299976 * rollout2.kls, mask).item()
+    expected = ppo_core.masked_mean(-beta1 * rollout2.kls, mask).item()
     assert stats2["mean_non_score_reward"] == pytest.approx(expected, abs=1e-7)
 
 
@@ -366,3 +370,51 @@ def test_fixed_kl_coef_does_not_move():
         stats = agent.learn(rollout_for(agent, seed=seed), SCORES)
         assert stats["kl_coef"] == 0.05
     assert agent.kl_ctl.value == 0.05
+
+
+# ------------------------------------------------------------------------------------------------------- (h)
+def test_learn_reports_the_scaled_score_it_used_and_early_stopping():
+    """R̃ is logged as used: R/σ with σ the unbiased std of all scores so far (docs/method.md §2.3); early stopping
+    is logged when it cuts the epochs (§2.7)."""
+    plain = make_agent().learn(rollout_for(make_agent()), SCORES)
+    assert plain["scaled_score"] == pytest.approx(SCORES.mean().item()) and plain["early_stopped"] == 0.0
+    agent = make_agent(dataclasses.replace(CFG, use_score_scaling=True))
+    stats = agent.learn(rollout_for(agent), SCORES)
+    expected = SCORES.mean().item() / np.std(SCORES.numpy(), ddof=1)
+    assert stats["scaled_score"] == pytest.approx(expected, rel=1e-6)
+    # a threshold every policy KL exceeds: the test fires after the first epoch, which ends the update
+    agent = make_agent(dataclasses.replace(CFG, early_stopping=True, target_kl=-1.0, ppo_epochs=3))
+    stats = agent.learn(rollout_for(agent), SCORES)
+    assert stats["early_stopped"] == 1.0
+    assert {float(s["step"]) for s in agent.optimizer.state.values()} == {2.0}  # one epoch of 2 steps, not 3 epochs
+
+
+@pytest.mark.parametrize("precision", ["paper preset", "bf16"])
+def test_paper_presets_score_in_fp32_on_the_tiny_model(precision: str):
+    """The precision of `experiment=imdb_gpt2` (and every preset built on it) reaches the agent: its log-probs,
+    reference log-probs and full KL equal a plain fp32 forward, while bf16 autocast, chosen explicitly, rounds
+    them (the paper and the official code train GPT-2 in fp32, docs/method.md §5)."""
+    from conftest import compose_cfg
+
+    from cory.train import build_agent
+
+    overrides = ["experiment=imdb_gpt2", "model=tiny_gpt2", "hardware.device=cpu"]
+    cfg = compose_cfg(overrides + (["hardware.precision=bf16"] if precision == "bf16" else []))
+    model, tokenizer = build_tiny_gpt2(seed=0)
+    sharpen(model, 0)
+    ref = make_reference(model)
+    sharpen(model, 1)  # the policy has moved away from π0, so the KL is not 0
+    agent = build_agent(
+        "llm1", model=model, ref_model=ref, tokenizer=tokenizer, cfg=cfg, device="cpu", seed=0, first=[]
+    )
+    prompts, responses = token_lists(tokenizer.eos_token_id)
+    rollout = agent.score_tokens(prompts, responses)
+    worst = 0.0
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        exact = _single_forward(agent, p, r)  # fp32, no autocast
+        got = (rollout.logprobs[i], rollout.ref_logprobs[i], rollout.values[i], rollout.kls[i])
+        worst = max(worst, *((g[: len(r)] - e).abs().max().item() for g, e in zip(got, exact)))
+    if precision == "bf16":
+        assert agent.autocast_dtype == torch.bfloat16 and worst > 1e-2
+    else:
+        assert agent.autocast_dtype is None and worst < 1e-5

@@ -1,20 +1,21 @@
-"""CORY's orchestration (REFERENCE.md §1): identical agents, knowledge transfer, collective reward, role
-exchange that moves no weights, one shared frozen π0, the official swap's resets, and the experiment configs.
+"""CORY's orchestration (docs/method.md §1): identical agents, knowledge transfer, collective reward, role
+exchange that moves no weights, one shared frozen π0, the official swap's resets. (The presets are checked in
+`tests/test_configs.py`; what each reward is computed on, in `tests/test_meaning.py`.)
 
 Real agents use the tiny GPT-2 of `experiment=smoke` on 4 queries; the long role schedule uses stub agents.
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 from functools import partial
 from types import SimpleNamespace
 
 import pytest
 import torch
-from hydra.utils import get_object, instantiate
-from omegaconf import OmegaConf
+from conftest import compose_cfg
+from from_config import algorithm_kwargs, task_kwargs
+from hydra.utils import instantiate
 
 from cory.agent import Agent
 from cory.algorithms.cory import CORY
@@ -22,17 +23,17 @@ from cory.models import make_reference
 from cory.ppo_core import RunningMoments
 from cory.tasks.toy import ToyTask
 from cory.train import build_agent, train
-from tests.conftest import compose_cfg
 
 QUERIES = ["bcd", "fgh k", "lm", "npqr"]
 MAX_NEW = 3
+SMOKE_CORY = ("experiment=smoke", "algorithm=cory")
 
 
-def make_cory(overrides: tuple[str, ...] = (), **kwargs) -> CORY:
-    """A CORY on the smoke model (real agents), with its constructor switches given as kwargs."""
-    cfg = compose_cfg(["experiment=smoke", "algorithm=cory", *overrides])
+def make_cory(overrides: tuple[str, ...] = (), task_cls: type[ToyTask] = ToyTask, **kwargs) -> CORY:
+    """A CORY on the smoke model (real agents): the composed config's switches, `kwargs` replaced."""
+    cfg = compose_cfg([*SMOKE_CORY, *overrides])
     model, tokenizer = instantiate(cfg.model)
-    task = ToyTask(tokenizer, num_train=8, num_eval=4, observer_template="{query}{response}|{query}")
+    task = task_cls(tokenizer, **task_kwargs("toy", SMOKE_CORY, num_train=8, num_eval=4))
     make_agent = partial(
         build_agent,
         model=model,
@@ -43,7 +44,8 @@ def make_cory(overrides: tuple[str, ...] = (), **kwargs) -> CORY:
         seed=0,
         first=[],
     )
-    return CORY(task=task, make_agent=make_agent, log_samples=len(QUERIES), **kwargs)
+    switches = algorithm_kwargs("cory", [*SMOKE_CORY, *overrides], log_samples=len(QUERIES)) | kwargs
+    return CORY(task=task, make_agent=make_agent, **switches)
 
 
 @pytest.fixture
@@ -169,7 +171,8 @@ class StubTask(ToyTask):
 
 
 def stub_cory(**kwargs) -> CORY:
-    return CORY(task=StubTask(num_train=8, num_eval=2), make_agent=StubAgent, **kwargs)
+    task = StubTask(None, **task_kwargs("toy", num_train=8, num_eval=2))
+    return CORY(task=task, make_agent=StubAgent, **algorithm_kwargs("cory", **kwargs))
 
 
 @pytest.mark.parametrize("w_other, pioneer, observer", [(1.0, 1.25, 1.25), (-1.0, -0.75, 0.75), (0.0, 0.25, 1.0)])
@@ -285,103 +288,3 @@ def test_train_cory_end_to_end(tmp_path):
     saved = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert set(saved["agents"]) == set(summary["agents"]) == {"llm1", "llm2"}
     assert saved["algorithm"] == "cory" and saved["completed"]
-
-
-# ---------------------------------------------------------------------------------------- configs
-@pytest.mark.parametrize("experiment", [None, "smoke", "imdb_gpt2"])
-def test_ppo_and_cory_share_the_learner(experiment):
-    extra = [f"experiment={experiment}"] if experiment else []
-    ppo, cory = compose_cfg([*extra, "algorithm=ppo"]), compose_cfg([*extra, "algorithm=cory"])
-    assert ppo.algorithm.agent == cory.algorithm.agent
-
-
-def bind(node) -> None:
-    """Check a `_target_` node's keys against its constructor without building it (no weights, no data)."""
-    kwargs = OmegaConf.to_container(node, resolve=True)
-    target = get_object(kwargs.pop("_target_"))
-    kwargs.pop("_partial_", None)
-    inspect.signature(target).bind_partial(**kwargs)
-
-
-PAPER_IMDB = {
-    "model.name_or_path": "gpt2-large",
-    "task.source": "hub",
-    "hardware.device": "cuda",
-    "iterations": 100,
-    "batch_size": 256,
-    "eval_every": 10,
-    "num_eval": 256,
-    "algorithm.agent.mini_batch_size": 256,
-    "algorithm.agent.learning_rate": 1.41e-5,
-    "algorithm.agent.init_kl_coef": 0.3,
-    "task.max_new_tokens": [4, 15],
-    "task.min_review_chars": 200,
-    "task.query_tokens": [2, 8],
-    "task.reward._target_": "cory.rewards.ClassifierReward",
-    "task.reward.name_or_path": "lvwerra/distilbert-imdb",
-}
-CORY_ON = {
-    "algorithm._target_": "cory.algorithms.cory.CORY",
-    "algorithm.knowledge_transfer": True,
-    "algorithm.role_exchange": True,
-    "algorithm.faithful_official_swap": False,
-}
-EXPERIMENTS = {
-    "imdb_gpt2": {**PAPER_IMDB, "algorithm._target_": "cory.algorithms.ppo.PPO"},  # the default algorithm
-    "cory_gpt2_large": {**PAPER_IMDB, **CORY_ON},
-    "ppo_gpt2_xl": {**PAPER_IMDB, "model.name_or_path": "gpt2-xl", "algorithm._target_": "cory.algorithms.ppo.PPO"},
-    "cory_wo_kt": {**PAPER_IMDB, **CORY_ON, "algorithm.knowledge_transfer": False},
-    "cory_wo_rex": {**PAPER_IMDB, **CORY_ON, "algorithm.role_exchange": False},
-    "official_code": {
-        **PAPER_IMDB,
-        **CORY_ON,
-        "model.name_or_path": "gpt2",
-        "iterations": 97,
-        "algorithm.agent.init_kl_coef": 0.4,
-        "algorithm.agent.use_score_scaling": True,
-        "algorithm.agent.use_score_norm": True,
-        "task.query_tokens": [2, 7],
-        "task.min_review_chars": 100,
-        "algorithm.faithful_official_swap": True,
-        "algorithm.agent.generate_in_train_mode": True,
-    },
-}
-
-
-@pytest.mark.parametrize("experiment", sorted(EXPERIMENTS))
-def test_imdb_experiments_compose(experiment):
-    cfg = compose_cfg([f"experiment={experiment}"])
-    for key, value in EXPERIMENTS[experiment].items():
-        got = OmegaConf.select(cfg, key)
-        got = OmegaConf.to_container(got) if OmegaConf.is_config(got) else got
-        assert got == value, (key, got, value)
-    # the reward block was replaced, not merged into the packaged TF-IDF one, and every node fits its target
-    assert "cache_dir" not in cfg.task.reward and "seed" not in cfg.task.reward
-    bind(cfg.task.reward)
-    task = OmegaConf.to_container(cfg.task, resolve=True)
-    inspect.signature(get_object(task.pop("_target_"))).bind_partial(**task)
-    bind(cfg.model)
-    algorithm = OmegaConf.masked_copy(cfg.algorithm, [k for k in cfg.algorithm if k != "agent"])
-    bind(algorithm)
-    from cory.agent import PPOConfig
-
-    PPOConfig(**OmegaConf.to_container(cfg.algorithm.agent))
-
-
-def test_paper_experiments_override_from_the_command_line():
-    cfg = compose_cfg(["experiment=cory_gpt2_large", "model=gpt2", "task.reward.name_or_path=/tmp/clf", "seed=2"])
-    assert cfg.model.name_or_path == "gpt2" and cfg.seed == 2
-    assert cfg.task.reward.name_or_path == "/tmp/clf"
-    assert cfg.algorithm._target_ == "cory.algorithms.cory.CORY"
-
-
-def test_paper_experiment_replaces_the_reward_block():
-    """`task/reward=distilbert_imdb` replaces the TF-IDF block whole: no stale keys reach ClassifierReward."""
-    cfg = compose_cfg(["experiment=imdb_gpt2"])
-    assert dict(cfg.task.reward) == {
-        "_target_": "cory.rewards.ClassifierReward",
-        "name_or_path": "lvwerra/distilbert-imdb",
-        "positive_label": "POSITIVE",
-        "batch_size": 32,
-        "device": "cpu",
-    }

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from fakes import save_tiny_classifier, write_reviews_csv
+from from_config import task_kwargs
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
@@ -24,6 +25,11 @@ from cory.models import byte_tokenizer
 from cory.tasks.imdb import IMDBTask
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+def imdb_task(tokenizer, reward, **fields) -> IMDBTask:
+    """`IMDBTask` with the values of `conf/task/imdb.yaml` (its only source), `fields` replaced."""
+    return IMDBTask(tokenizer, reward, **task_kwargs("imdb", **fields))
 
 
 def word_tokenizer(csv_path: Path) -> PreTrainedTokenizerFast:
@@ -52,24 +58,24 @@ def _length_reward(texts: list[str]) -> list[float]:
 
 def test_queries_are_2_to_8_policy_tokens(reviews_csv: Path) -> None:
     tokenizer = byte_tokenizer()
-    task = IMDBTask(tokenizer, _length_reward, data_files=str(reviews_csv), num_eval=10)
+    task = imdb_task(tokenizer, _length_reward, data_files=str(reviews_csv), num_eval=10)
     lengths = [
         len(tokenizer(q, add_special_tokens=False).input_ids) for q in task.train_queries() + task.eval_queries()
     ]
     assert min(lengths) >= 2 and max(lengths) <= 8 and len(set(lengths)) > 3
-    again = IMDBTask(tokenizer, _length_reward, data_files=str(reviews_csv), num_eval=10)
+    again = imdb_task(tokenizer, _length_reward, data_files=str(reviews_csv), num_eval=10)
     assert again.train_queries() == task.train_queries()  # deterministic given the seed
-    other = IMDBTask(tokenizer, _length_reward, data_files=str(reviews_csv), num_eval=10, seed=1)
+    other = imdb_task(tokenizer, _length_reward, data_files=str(reviews_csv), num_eval=10, seed=1)
     assert other.train_queries() != task.train_queries()
 
 
 def test_eval_and_train_reviews_are_disjoint(reviews_csv: Path) -> None:
-    task = IMDBTask(word_tokenizer(reviews_csv), _length_reward, data_files=str(reviews_csv), num_eval=10)
+    task = imdb_task(word_tokenizer(reviews_csv), _length_reward, data_files=str(reviews_csv), num_eval=10)
     train_ids = {q.split()[0] for q in task.train_queries()}
     eval_ids = {q.split()[0] for q in task.eval_queries()}
     assert len(eval_ids) == 10 and len(train_ids) == 50 and not train_ids & eval_ids
     assert all(i.startswith("id") for i in train_ids | eval_ids)  # short and non-imdb rows are filtered out
-    limited = IMDBTask(
+    limited = imdb_task(
         word_tokenizer(reviews_csv), _length_reward, data_files=str(reviews_csv), num_eval=10, num_train=7
     )
     assert len(limited.train_queries()) == 7 and limited.eval_queries() == task.eval_queries()
@@ -82,7 +88,7 @@ def test_templates_and_score(reviews_csv: Path) -> None:
         seen.append(texts)
         return _length_reward(texts)
 
-    task = IMDBTask(byte_tokenizer(), reward, data_files=str(reviews_csv), num_eval=4)
+    task = imdb_task(byte_tokenizer(), reward, data_files=str(reviews_csv), num_eval=4)
     assert task.pioneer_prompt("This movie") == "This movie"
     assert task.observer_prompt("This movie", " was fine.") == (
         'I can make this sentence "This movie was fine." more positive: This movie'
@@ -95,7 +101,7 @@ def test_templates_and_score(reviews_csv: Path) -> None:
 def test_hub_source_fails_fast_offline() -> None:
     start = time.perf_counter()
     with pytest.raises(AssetUnavailableError, match="'imdb'.*task.source=packaged"):
-        IMDBTask(byte_tokenizer(), _length_reward, source="hub")
+        imdb_task(byte_tokenizer(), _length_reward, source="hub")
     assert time.perf_counter() - start < 10.0
 
 
@@ -103,7 +109,7 @@ def test_hub_source_uses_test_split_for_eval(monkeypatch: pytest.MonkeyPatch, re
     texts = [row["text"] for row in csv.DictReader(reviews_csv.open()) if row["text"].startswith("id")]
     splits = {"train": {"text": texts[:40]}, "test": {"text": texts[39:]}}  # texts[39] is in both splits
     monkeypatch.setattr("cory.tasks.imdb.load_dataset_or_fail", lambda name, key, hint, split: splits[split])
-    task = IMDBTask(word_tokenizer(reviews_csv), _length_reward, source="hub", num_eval=21)
+    task = imdb_task(word_tokenizer(reviews_csv), _length_reward, source="hub", num_eval=21)
     eval_ids = {q.split()[0] for q in task.eval_queries()}
     train_ids = {q.split()[0] for q in task.train_queries()}
     assert eval_ids == {t.split()[0] for t in texts[39:]} and len(train_ids) == 39 and not eval_ids & train_ids
@@ -149,7 +155,7 @@ def test_packaged_imdb_with_smollm2_tokenizer() -> None:
     from cory.assets import smollm2_135m_dir
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_135m_dir(Path("~/.cache/cory").expanduser()))
-    task = IMDBTask(tokenizer, _length_reward)
+    task = imdb_task(tokenizer, _length_reward)
     assert len(task.eval_queries()) == 256 and len(task.train_queries()) > 24_000
     lengths = {len(tokenizer(q, add_special_tokens=False).input_ids) for q in task.eval_queries()}
     assert lengths <= set(range(1, 9))  # decode → re-encode may merge tokens, never add them

@@ -1,6 +1,6 @@
-"""Hand-computed unit tests for every function in `cory.ppo_core` (REFERENCE.md §1.4, §1.5, §2.3–§2.8).
+"""Hand-computed unit tests for every function in `cory.ppo_core` (docs/method.md §1.4, §1.5, §2.3–§2.8).
 
-Layer 1 of STYLE.md §3.6: pure maths, no model, no network. Every expected number is worked out by hand in the
+Pure maths, no model, no network. Every expected number is worked out by hand in the
 comments next to it, on small [B=2, T=3] tensors whose masks include padding. Padding positions hold large
 garbage values on purpose, so a function that forgets the mask fails loudly. GAE is also checked against a
 naive per-sample loop over only the real response tokens.
@@ -389,15 +389,20 @@ def test_kl_controller_adaptive(kl, expected):
 
 
 def test_kl_controller_fixed_stays_constant():
-    ctl = pc.KLController(0.3, adaptive=False)
+    ctl = pc.KLController(0.3, adaptive=False, target=6.0, horizon=10000.0)
     for kl in (0.0, 3.0, 100.0):
         ctl.update(kl, 256)
     assert ctl.value == 0.3
 
 
+def paper_controller() -> pc.KLController:
+    """β = 1 with the paper's adaptive controller: target 6, horizon 10000 (docs/method.md §2.8)."""
+    return pc.KLController(1.0, adaptive=True, target=6.0, horizon=10000.0)
+
+
 def test_reference_1_5_kl_drift_bounds():
-    """REFERENCE.md §1.5: ±0.2·B/10000 per iteration; B=256 → ±0.512%, ×0.60…×1.67 over 100 iterations."""
-    lo, hi = pc.KLController(1.0), pc.KLController(1.0)
+    """docs/method.md §1.5: ±0.2·B/10000 per iteration; B=256 → ±0.512%, ×0.60…×1.67 over 100 iterations."""
+    lo, hi = paper_controller(), paper_controller()
     lo.update(0.0, 256)
     hi.update(1e9, 256)
     assert lo.value == pytest.approx(1 - 0.00512, abs=1e-12)
@@ -407,12 +412,12 @@ def test_reference_1_5_kl_drift_bounds():
         hi.update(1e9, 256)
     assert round(lo.value, 2) == 0.60 and round(hi.value, 2) == 1.67
     # with a reset every 5 iterations β stays within about ±2.6%
-    five = pc.KLController(1.0)
+    five = paper_controller()
     for _ in range(5):
         five.update(1e9, 256)
     assert abs(five.value - 1) == pytest.approx(0.026, abs=5e-4)
     # GSM8K (B=32): ±0.064% per iteration, ×0.94 … ×1.07 over 100 iterations
-    lo, hi = pc.KLController(1.0), pc.KLController(1.0)
+    lo, hi = paper_controller(), paper_controller()
     for _ in range(100):
         lo.update(0.0, 32)
         hi.update(1e9, 32)

@@ -1,4 +1,4 @@
-"""Issue 4: a run survives kills, signals, crashes mid-write, NaNs, failing rewards and bad configuration.
+"""A run survives kills, signals, crashes mid-write, NaNs, failing rewards and bad configuration.
 
 - SIGKILL at an arbitrary iteration, then `python -m cory.train resume=<run folder>`: the metrics equal an
   uninterrupted run's (PPO and CORY, across a role swap), and the W&B run id continues.
@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 # Six iterations, a checkpoint every two, an evaluation every two (smoke's); CORY swaps roles every two, so a
 # swap falls after every checkpoint a resume starts from.
 RESUMABLE = ["iterations=6", "save_every=2", "algorithm.swap_period=2"]
-# The issue's bound is ~15 s on an idle machine. These checks run two at a time on a shared 2-CPU machine, where the
+# The bound is ~15 s on an idle machine. These checks run two at a time on a shared 2-CPU machine, where the
 # interpreter start alone takes ~10 s; an unreachable Hub costs >= 50 s, so 25 s still tells them apart. That no
 # model is built is proven in-process (`test_bad_config_fails_before_any_model_loads`).
 FAIL_FAST_S = 25.0
@@ -51,16 +51,16 @@ def overrides(algorithm: str) -> list[str]:
     return [f"algorithm={algorithm}", *(RESUMABLE if algorithm == "cory" else RESUMABLE[:2])]
 
 
-_REFERENCE: dict[str, list[dict]] = {}
+_UNINTERRUPTED: dict[str, list[dict]] = {}
 
 
 def reference_rows(algorithm: str, tmp_path_factory) -> list[dict]:
     """metrics.jsonl of an uninterrupted in-process run with the resumable settings (computed once)."""
-    if algorithm not in _REFERENCE:
+    if algorithm not in _UNINTERRUPTED:
         run_dir = tmp_path_factory.mktemp(f"reference-{algorithm}")
         train(smoke(run_dir, *overrides(algorithm)), run_dir / "run")
-        _REFERENCE[algorithm] = read_rows(run_dir / "run")
-    return _REFERENCE[algorithm]
+        _UNINTERRUPTED[algorithm] = read_rows(run_dir / "run")
+    return _UNINTERRUPTED[algorithm]
 
 
 def assert_same_rows(got: list[dict], want: list[dict]) -> None:

@@ -1,4 +1,4 @@
-"""End-to-end `train(cfg)` on `experiment=smoke` for PPO and CORY, and the real entrypoint once (issue 4).
+"""End-to-end `train(cfg)` on `experiment=smoke` for PPO and CORY, and the real entrypoint once.
 
 Checks the run folder: metrics.jsonl rows and metric names, summary.json, the curves PNG and checkpoints.
 Run: `pytest tests/test_train.py` (about 20 s).

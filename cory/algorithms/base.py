@@ -1,7 +1,8 @@
-"""What an algorithm is to the trainer: agents plus one `step` per iteration (STYLE.md §3.3).
+"""What an algorithm is to the trainer: agents plus one `step` per iteration.
 
 `Algorithm` is a Protocol with no shared implementation; `agent_metrics` is the one helper both PPO and CORY
-use, so their logged quantities are the same by construction (REFERENCE.md §6).
+use, so their logged quantities are the same by construction (docs/method.md §6). Every name it emits is
+defined in `cory.loggers.METRICS`.
 """
 
 from __future__ import annotations
@@ -42,41 +43,52 @@ def agent_metrics(
     learn_stats: dict[str, float],
     eval_kl_coef: float,
 ) -> dict[str, float]:
-    """`train/<agent>/*` and `ppo/<agent>/*` for one agent's rollout and update (REFERENCE.md §6)."""
+    """`train/<agent>/*` and `ppo/<agent>/*` for one agent's rollout and update (docs/method.md §6).
+
+    Args:
+        rollout: the agent's rollout; `kls` [B, T] is zero on padding.
+        task_rewards: r(q, a_i) per sample [B]; collective: R_i per sample [B], both before score scaling.
+        learn_stats: what `Agent.learn` returned for this rollout.
+        eval_kl_coef: the task's fixed η_eval.
+    """
     r = torch.tensor(task_rewards, dtype=torch.float32)
-    kl_seq = rollout.kls.sum(-1)
-    beta = learn_stats.get("kl_coef", float("nan"))
+    kl_seq = rollout.kls.sum(-1)  # [B]
+    lengths = rollout.response_mask.sum(-1).float()  # [B] T_i, EOS included
+    beta = learn_stats["kl_coef"]
     m = {
         "task_reward": r.mean().item(),
         "collective_reward": float(torch.tensor(collective).mean()),
+        "scaled_collective_reward": learn_stats.get("scaled_score", float("nan")),
         "kl": kl_seq.mean().item(),
-        "kl_per_token": (kl_seq.sum() / rollout.response_mask.sum()).item(),
+        "kl_per_token": (kl_seq / lengths).mean().item(),
         "kl_coef": beta,
         "combined_reward": (r - eval_kl_coef * kl_seq).mean().item(),
         "combined_reward_current_beta": (r - beta * kl_seq).mean().item(),
-        "response_length": rollout.response_mask.sum(-1).float().mean().item(),
+        "response_length": lengths.mean().item(),
         "tokens": float(rollout.prompt_mask.sum() + rollout.response_mask.sum()),
         "hit_max_tokens": rollout.hit_max_tokens.float().mean().item(),
         "entropy": learn_stats.get("entropy", float("nan")),
         "sampled_entropy": learn_stats.get("sampled_entropy", float("nan")),
     }
     out = {f"train/{agent_id}/{k}": v for k, v in m.items()}
-    ppo_keys = (
-        "policy_loss",
-        "value_loss",
-        "clipfrac",
-        "value_clipfrac",
-        "approx_kl",
-        "ratio",
-        "ratio_threshold_hits",
-        "explained_variance",
-        "mean_non_score_reward",
-        "nonfinite_skipped",
-        "nonfinite_steps",
-    )
-    out.update({f"ppo/{agent_id}/{k}": learn_stats[k] for k in ppo_keys if k in learn_stats})
-    if "train_entropy" in learn_stats:
-        out[f"ppo/{agent_id}/entropy"] = learn_stats["train_entropy"]
+    # `Agent.learn` keys → logged names (the learner keeps TRL's key names for the parity script)
+    ppo_keys = {
+        "policy_loss": "policy_loss",
+        "value_loss": "value_loss",
+        "clipfrac": "clipfrac",
+        "value_clipfrac": "value_clipfrac",
+        "approx_kl": "approx_kl",
+        "policykl": "policy_kl",
+        "train_entropy": "entropy",
+        "ratio": "ratio",
+        "ratio_threshold_hits": "ratio_threshold_hits",
+        "explained_variance": "explained_variance",
+        "mean_non_score_reward": "mean_non_score_reward",
+        "early_stopped": "early_stopped",
+        "nonfinite_skipped": "nonfinite_skipped",
+        "nonfinite_steps": "nonfinite_steps",
+    }
+    out.update({f"ppo/{agent_id}/{name}": learn_stats[k] for k, name in ppo_keys.items() if k in learn_stats})
     return out
 
 

@@ -1,15 +1,15 @@
 """CORY: two copies of the LLM, pioneer and observer, trained on a collective reward with role exchange.
 
-Read against the paper's Algorithm 1 (arXiv 2410.06101) and REFERENCE.md §1. Each agent is the PPO learner
+Read against the paper's Algorithm 1 (arXiv 2410.06101) and docs/method.md §1. Each agent is the PPO learner
 of `cory/agent.py`, unchanged: what CORY adds is only this orchestration.
-  1. the pioneer answers the query                          (Alg. 1 l.7;  REFERENCE §1.2 step 2)
+  1. the pioneer answers the query                          (Alg. 1 l.7;  docs/method.md §1.2 step 2)
   2. the observer answers with the pioneer's answer in view (Alg. 1 l.8-9, knowledge transfer; §1.2 steps 3-4)
   3. both answers are scored on the original query          (Alg. 1 l.12-13, Eq. 4; l.13's r(s0, a1) is a typo)
   4. collective reward R_i = w_self·r_i + w_other·r_{-i}    (Eq. 4; defaults 1, 1; [v2] signs for ablations)
   5. two independent PPO updates, each with its own KL to π0 on its own prompt (Eq. 2 / Eq. 8; §1.4)
   6. every `swap_period` iterations the roles are exchanged (Eq. 5): the role map flips, the weights stay.
 Deviation (README implementation notes): roles are swapped by exchanging the role map rather than the
-weights (equivalent to Eq. 5, REFERENCE §1.5); `faithful_official_swap=true` adds the official code's resets.
+weights (equivalent to Eq. 5, docs/method.md §1.5); `faithful_official_swap=true` adds the official code's resets.
 """
 
 from __future__ import annotations
@@ -25,20 +25,24 @@ from cory.tasks.base import SafeScorer, Task
 
 
 class CORY:
-    """Pioneer/observer co-training of `llm1` and `llm2` (REFERENCE.md §1)."""
+    """Pioneer/observer co-training of `llm1` and `llm2` (docs/method.md §1).
+
+    Built by Hydra from `conf/algorithm/cory.yaml`, the only place the switches' values are written
+    (docs/method.md §1.7); `task`, `make_agent` and `generation_batch_size` come from `cory.train`.
+    """
 
     def __init__(
         self,
         task: Task,
         make_agent: Callable[[str], Agent],
-        knowledge_transfer: bool = True,
-        role_exchange: bool = True,
-        swap_period: int = 5,
-        w_self: float = 1.0,
-        w_other: float = 1.0,
-        faithful_official_swap: bool = False,
-        generation_batch_size: int = 64,
-        log_samples: int = 4,
+        knowledge_transfer: bool,
+        role_exchange: bool,
+        swap_period: int,
+        w_self: float,
+        w_other: float,
+        faithful_official_swap: bool,
+        generation_batch_size: int,
+        log_samples: int,
     ) -> None:
         if swap_period < 1:
             raise ValueError(f"algorithm.swap_period must be >= 1, got {swap_period}")

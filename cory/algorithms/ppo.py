@@ -1,4 +1,4 @@
-"""The PPO baseline: CORY's loop for a single agent, steps 1, 2, 5 and 7 of REFERENCE.md §1.2."""
+"""The PPO baseline: CORY's loop for a single agent, steps 1, 2, 5 and 7 of docs/method.md §1.2."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ class PPO:
     """One agent `llm1`: act on the query-only prompt, score, learn on its own task reward."""
 
     def __init__(
-        self, task: Task, make_agent: Callable[[str], Agent], generation_batch_size: int = 64, log_samples: int = 4
+        self, task: Task, make_agent: Callable[[str], Agent], generation_batch_size: int, log_samples: int
     ) -> None:
         self.task, self.scorer = task, SafeScorer(task)
         self.agents = {"llm1": make_agent("llm1")}

@@ -1,4 +1,4 @@
-"""The `Task` protocol: what data, what reward, which prompt templates (REFERENCE.md §1.3, §3).
+"""The `Task` protocol: what data, what reward, which prompt templates (docs/method.md §1.3, §3).
 
 A task is built by Hydra from `conf/task/*.yaml` with the policy tokenizer passed at run time
 (`instantiate(cfg.task, tokenizer=tokenizer)`). It owns its prompts, its reward and its templates; it knows
@@ -14,11 +14,11 @@ class Task(Protocol):
     """A text task with a scalar reward per (query, response)."""
 
     name: str
-    # η_eval of REFERENCE.md §1.6: the fixed KL coefficient of the combined reward, shared by all algorithms.
+    # η_eval of docs/method.md §1.6: the fixed KL coefficient of the combined reward, shared by all algorithms.
     eval_kl_coef: float
     # Reward given to a sample whose scoring raised (malformed generation, classifier error).
     failure_reward: float
-    # Inclusive range of `max_new_tokens`; one value is drawn per training iteration (REFERENCE.md §3.1).
+    # Inclusive range of `max_new_tokens`; one value is drawn per training iteration (docs/method.md §3.1).
     max_new_tokens: tuple[int, int]
     # Sampling settings passed to `generate` (repetition_penalty, top_k, top_p, temperature).
     generation_kwargs: dict
@@ -36,7 +36,7 @@ class Task(Protocol):
         ...
 
     def observer_prompt(self, query: str, pioneer_response: str) -> str:
-        """The observer prompt x_O = T_obs(q, a1), built from decoded text (REFERENCE.md §1.3)."""
+        """The observer prompt x_O = T_obs(q, a1), built from decoded text (docs/method.md §1.3)."""
         ...
 
     def score(self, queries: list[str], responses: list[str]) -> list[float]:
@@ -45,14 +45,13 @@ class Task(Protocol):
 
 
 class SafeScorer:
-    """Scores a batch; a sample whose reward raises gets the task's failure reward and is counted (issue 4).
+    """Scores a batch; a sample whose reward raises gets the task's failure reward and is counted.
 
     The first error is printed once, with its sample, so a broken reward is visible without flooding the log.
     """
 
     def __init__(self, task: Task) -> None:
         self.task = task
-        self.failures = 0
         self._reported = False
 
     def __call__(self, queries: list[str], responses: list[str]) -> tuple[list[float], int]:
@@ -76,5 +75,4 @@ class SafeScorer:
                         f"[cory] reward failed on query={q!r} response={a!r}: {type(err).__name__}: {err} "
                         f"(given failure_reward={self.task.failure_reward}; further failures are only counted)"
                     )
-        self.failures += failed
         return scores, failed

