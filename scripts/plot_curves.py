@@ -34,6 +34,7 @@ PANELS = (("task_reward", "task reward"), ("kl", "KL per sequence (vs π0)"), ("
 # Overrides that say how or where a run ran, not what it learns (hardware never changes the result).
 NOT_SETTINGS = ("seed", "sweep", "logger", "hardware", "progress", "cache_dir", "resume", "hydra")
 LINESTYLES = ("-", "--", ":", "-.")
+MARKERS = ("o", "s", "^", "D")
 
 
 def _is_setting(key: str) -> bool:
@@ -133,6 +134,7 @@ def plot(curve_list: list[dict], out_prefix: Path, title: str = "") -> dict:
     agents = list(dict.fromkeys(c["agent"] for c in curve_list))
     colors = {label: f"C{i % 10}" for i, label in enumerate(labels)}
     styles = {agent: LINESTYLES[i % len(LINESTYLES)] for i, agent in enumerate(agents)}
+    markers = {agent: MARKERS[i % len(MARKERS)] for i, agent in enumerate(agents)}
 
     fig = Figure(figsize=(15, 4.5), constrained_layout=True)
     FigureCanvasAgg(fig)
@@ -145,8 +147,18 @@ def plot(curve_list: list[dict], out_prefix: Path, title: str = "") -> dict:
                 ax.fill_between(c["iterations"], c["low"], c["high"], color=color, alpha=0.2, lw=0)
             else:
                 err = [[m - lo for m, lo in zip(c["mean"], c["low"])], [hi - m for m, hi in zip(c["mean"], c["high"])]]
-                ax.errorbar(c["iterations"], c["mean"], yerr=err, color=color, marker="o", mec="k", ms=5, ls="none",
-                            capsize=2, label=f"{name_} (held-out)")  # fmt: skip
+                ax.errorbar(
+                    c["iterations"],
+                    c["mean"],
+                    yerr=err,
+                    color=color,
+                    marker=markers[c["agent"]],
+                    mec="k",
+                    ms=5,
+                    ls="none",
+                    capsize=2,
+                    label=f"{name_} (held-out)",
+                )
         ax.set_title(name)
         ax.set_xlabel("iteration")
         ax.grid(alpha=0.3)
@@ -162,12 +174,10 @@ def plot(curve_list: list[dict], out_prefix: Path, title: str = "") -> dict:
 def final_table(curve_list: list[dict], last: int) -> str:
     """Per curve: the final held-out value (min–max over seeds) and the training mean over the last iterations."""
     rows = [("group", "agent", "metric", "final held-out", f"train, last {last} it.", "seeds")]
+    train_curves = {(t["label"], t["agent"], t["metric"]): t for t in curve_list if t["split"] == "train"}
     for c in curve_list:
         if c["split"] == "eval":
-            train = next(
-                (t for t in curve_list if t["split"] == "train" and (t["label"], t["agent"], t["metric"]) ==
-                 (c["label"], c["agent"], c["metric"])), None,
-            )  # fmt: skip
+            train = train_curves.get((c["label"], c["agent"], c["metric"]))
             tail = f"{statistics.fmean(train['mean'][-last:]):.4g}" if train else "-"
             final = f"{c['mean'][-1]:.4g} [{c['low'][-1]:.4g}, {c['high'][-1]:.4g}]"
             rows.append((c["label"], c["agent"], c["metric"], final, tail, str(c["seeds"][-1])))

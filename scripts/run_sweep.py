@@ -150,9 +150,14 @@ class Driver:
                 log = (self.log_dir / f"{name.replace('/', '_')}.log").open("a")
                 print(f"[sweep] start {name}: {' '.join(cmd[2:])}", flush=True)
                 proc = subprocess.Popen(
-                    cmd, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                    cmd,
+                    cwd=ROOT,
+                    env=self.env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # a Ctrl-C reaches the driver, which passes it on exactly once
                     preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
-                )  # fmt: skip
+                )
                 log.close()
                 self.running[proc] = (name, folder, time.time())
             time.sleep(0.2)
@@ -216,8 +221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     unfinished = [str(f.relative_to(root)) for f in folders if state(f) != "done"]
     if unfinished:
-        print(f"[sweep] {len(unfinished)} unfinished (logs in {root / 'logs'}); run the same command again to "
-              f"resume: {', '.join(unfinished)}")  # fmt: skip
+        again = "run the same command again to resume"
+        print(f"[sweep] {len(unfinished)} unfinished (logs in {root / 'logs'}); {again}: {', '.join(unfinished)}")
         return 1
     from cory.callbacks import summarise_sweep
 

@@ -266,3 +266,36 @@ def test_every_job_of_every_sweep_composes_with_its_swept_values(sweep):
             else:  # a config-group choice
                 assert cfg.hydra.runtime.choices[key] == value, override.input_line
         assert cfg.sweep.name == sweep
+
+
+def _readme_sweep_commands() -> list[list[str]]:
+    """The overrides of every sweep command the README prints (`python -m cory.train -m ...` with `sweep=`, and
+    `python scripts/run_sweep.py ...`), in backticks or in code blocks."""
+    import re
+    import shlex
+
+    text = (REPO / "README.md").read_text()
+    found = []
+    for line in re.findall(r"`(python [^`]+)`", text) + re.findall(r"^(python [^\n#]+)", text, flags=re.M):
+        args = shlex.split(line.strip())
+        if any("<" in a for a in args):  # a pattern (`experiment=<exp>`), not a command
+            continue
+        if args[:3] == ["python", "-m", "cory.train"] and any(a.startswith("sweep=") for a in args):
+            found.append([a for a in args[3:] if a != "-m"])
+        elif args[:2] == ["python", "scripts/run_sweep.py"]:
+            found.append([a for a in args[2:] if "=" in a and not a.startswith("--")])
+    return found
+
+
+def test_every_sweep_command_of_the_readme_composes():
+    run_sweep = _load_script("run_sweep")
+    commands = _readme_sweep_commands()
+    assert len(commands) >= 8  # the reproduction table, the GSM8K sweeps are prose; the cluster block; the cookbook
+    for overrides in commands:
+        experiment = next((o.split("=", 1)[1] for o in overrides if o.startswith("experiment=")), None)
+        if experiment and not (Path(CONF_DIR) / "experiment" / f"{experiment}.yaml").exists():
+            continue  # the GSM8K sweeps, until their experiment lands
+        jobs, _ = run_sweep.expand(overrides)
+        for job in jobs:
+            cfg = compose_cfg(job, return_hydra_config=True)
+            assert cfg.sweep.name in SWEEPS, overrides
