@@ -21,6 +21,9 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from cory import frontier
+from cory.loggers import resolve_wandb_mode
+
 TAG_MAX_CHARS = 64  # W&B rejects longer tags
 # Overrides that say where or how a run ran, not what it is: left out of the tags.
 UNTAGGED = ("hydra", "progress", "cache_dir", "resume")
@@ -78,8 +81,6 @@ def summarise_sweep(sweep_dir: Path, cfg: DictConfig) -> dict | None:
 
     Returns the `cory.frontier.write_frontier` result, or None when no run finished with a final evaluation.
     """
-    from cory import frontier
-
     points = frontier.collect([sweep_dir])
     if not points:
         _warn(f"no finished run with a summary.json under {sweep_dir}; no frontier written")
@@ -93,12 +94,11 @@ def summarise_sweep(sweep_dir: Path, cfg: DictConfig) -> dict | None:
     return result
 
 
-def log_frontier_to_wandb(points: list[dict], result: dict, sweep_dir: Path, logger_cfg: DictConfig, group) -> None:
+def log_frontier_to_wandb(
+    points: list[dict], result: dict, sweep_dir: Path, logger_cfg: DictConfig, group: str | None
+) -> None:
     """A `job_type="summary"` run in the sweep's group holding the per-point table, the scatter chart of
     (task reward, −KL) over it, the seed-mean table and the frontier PNG. Skipped when W&B is disabled."""
-    from cory import frontier
-    from cory.loggers import resolve_wandb_mode
-
     mode = resolve_wandb_mode(logger_cfg.get("mode"))
     if mode == "disabled":
         return
@@ -119,15 +119,8 @@ def log_frontier_to_wandb(points: list[dict], result: dict, sweep_dir: Path, log
     )
     try:
         table = wandb.Table(columns=list(frontier.COLUMNS), data=frontier.table_rows(points))
-        mean_columns = [
-            "algorithm",
-            "kl_coef",
-            "agent",
-            "n",
-            *frontier.METRICS,
-            *(f"{m}_std" for m in frontier.METRICS),
-        ]
-        means = wandb.Table(columns=mean_columns, data=[[r[c] for c in mean_columns] for r in result["aggregated"]])
+        columns = ["algorithm", "kl_coef", "agent", "n", *frontier.METRICS, *(f"{m}_std" for m in frontier.METRICS)]
+        means = wandb.Table(columns=columns, data=[[row[c] for c in columns] for row in result["aggregated"]])
         run.log(
             {
                 "frontier/points": table,
