@@ -5,7 +5,7 @@ export HF_DATASETS_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: help install run smoke test test-fast test-all lint format clean reproduce-cpu
+.PHONY: help install run smoke test test-fast test-all lint format clean
 
 help:  ## show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
@@ -35,9 +35,6 @@ test-fast: install  ## everything but the slow learning tests
 test-all: install  ## every test, GPU ones included when CUDA is present
 	WANDB_MODE=disabled $(PY) -m pytest -q
 
-reproduce-cpu: install  ## the small IMDB reproduction, PPO vs CORY (~2 h on 2 CPUs; resumable: run it again)
-	bash scripts/reproduce_cpu.sh $(ARGS)
-
 lint: install  ## ruff check + format check
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
@@ -48,3 +45,7 @@ format: install  ## apply ruff fixes and formatting
 
 clean:  ## remove run outputs and caches (not the venv)
 	rm -rf outputs/runs outputs/multiruns multirun .pytest_cache .ruff_cache
+
+.PHONY: reproduce-cpu
+reproduce-cpu: install  ## the small IMDB comparison of PPO and CORY on a CPU, then its figures (hours; resumable)
+	bash scripts/reproduce_cpu.sh $(ARGS)
