@@ -45,3 +45,7 @@ format: install  ## apply ruff fixes and formatting
 
 clean:  ## remove run outputs and caches (not the venv)
 	rm -rf outputs/runs outputs/multiruns multirun .pytest_cache .ruff_cache
+
+.PHONY: reproduce-cpu
+reproduce-cpu: install  ## the small IMDB comparison of PPO and CORY on a CPU, then its figures (hours; resumable)
+	bash scripts/reproduce_cpu.sh $(ARGS)

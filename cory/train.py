@@ -156,13 +156,16 @@ def _make_logger(cfg: DictConfig, run_dir: Path, run_info: dict, run_id: str | N
     kwargs = {k: v for k, v in OmegaConf.to_container(cfg.logger, resolve=True).items() if not k.startswith("_")}
     kwargs["run_dir"] = str(run_dir)
     if "WandbLogger" in cfg.logger._target_:
+        from cory.callbacks import run_identity, wandb_group, wandb_tags
+
+        choices, overrides = run_identity(run_dir)  # as first started: a resumed run keeps its group and tags
         kwargs |= dict(
             config=OmegaConf.to_container(cfg, resolve=True) | {"git_sha": run_info["git_sha"]},
             run_id=run_id,
             name=f"{run_info['algorithm']}-kl{run_info['kl_coef']}-s{run_info['seed']}",
-            tags=[f"{k}={run_info.get(k)}" for k in ("model", "task", "algorithm")],
+            tags=wandb_tags(choices, overrides, [f"{k}={run_info.get(k)}" for k in ("model", "task", "algorithm")]),
+            group=wandb_group(cfg, choices),  # a sweep's runs side by side, else an experiment's
         )
-        kwargs["group"] = kwargs.get("group") or _choice("experiment")  # runs of one experiment side by side
     return get_object(cfg.logger._target_)(**kwargs)
 
 

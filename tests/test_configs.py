@@ -127,7 +127,7 @@ def test_every_experiment_with_each_algorithm_runs_or_is_refused_in_one_line(exp
 
 @pytest.mark.parametrize("sweep", SWEEPS or [pytest.param(None, marks=pytest.mark.skip(reason="no sweep files"))])
 def test_every_sweep_composes(sweep):
-    cfg = compose_cfg([f"+sweep={sweep}"])
+    cfg = compose_cfg([f"sweep={sweep}"])
     _check_targets(cfg)
 
 

@@ -1,5 +1,6 @@
-"""Tests for `cory.plotting.plot_curves` and `scripts/plot_frontier.py` (collect, Pareto front, aggregation, CLI)
-on synthetic files. CPU only, no network. Run with `pytest tests/test_plotting.py`.
+"""Tests for `cory.plotting.plot_curves`, `cory.frontier` with `scripts/plot_frontier.py` (collect from folders or
+a W&B group, Pareto front, aggregation, CLI) and `scripts/plot_curves.py` (seed bands), on fake runs with known
+numbers: the plotted data must equal them. CPU only, no network. Run with `pytest tests/test_plotting.py`.
 """
 
 from __future__ import annotations
@@ -10,22 +11,27 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+from matplotlib.collections import PathCollection, PolyCollection
+from matplotlib.colors import to_rgb
 
+from cory import frontier
 from cory.plotting import discover_agents, plot_curves, read_metrics, series
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def _load_frontier():
-    spec = importlib.util.spec_from_file_location("plot_frontier", ROOT / "scripts" / "plot_frontier.py")
+def _load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-pf = _load_frontier()
+pf = _load_script("plot_frontier")
+pc = _load_script("plot_curves")
 
 
 def _is_png(path: Path) -> bool:
@@ -97,11 +103,11 @@ def _summary(root: Path, algorithm: str, kl_coef: float, seed: int, agents: dict
 def test_pareto_front_hand_checked():
     pts = [(1, -5), (2, -3), (2, -4), (3, -3), (0, 0), (3, -6), (0.5, 0), (4, -10)]
     # (2,-3) dominated by (3,-3); (2,-4) by (3,-3); (1,-5) by (2,-3); (3,-6) by (3,-3); (0,0) by (0.5,0).
-    assert pf.pareto_front(pts) == [(0.5, 0), (3, -3), (4, -10)]
-    assert pf.pareto_front([]) == []
-    assert pf.pareto_front([(1, 1), (1, 1)]) == [(1, 1), (1, 1)]
+    assert frontier.pareto_front(pts) == [(0.5, 0), (3, -3), (4, -10)]
+    assert frontier.pareto_front([]) == []
+    assert frontier.pareto_front([(1, 1), (1, 1)]) == [(1, 1), (1, 1)]
     dicts = [{"x": 1.0, "y": -1.0, "id": "a"}, {"x": 0.0, "y": -2.0, "id": "b"}, {"x": 0.0, "y": 0.0, "id": "c"}]
-    assert [p["id"] for p in pf.pareto_front(dicts)] == ["c", "a"]
+    assert [p["id"] for p in frontier.pareto_front(dicts)] == ["c", "a"]
 
 
 @pytest.fixture
@@ -119,23 +125,23 @@ def sweep(tmp_path):
 
 
 def test_collect_and_aggregate(sweep):
-    points = pf.collect([sweep / "ppo", sweep / "cory", sweep / "other", sweep / "broken"])
+    points = frontier.collect([sweep / "ppo", sweep / "cory", sweep / "other", sweep / "broken"])
     assert len(points) == 4 + 4 + 1
     p = next(p for p in points if p["algorithm"] == "ppo" and p["kl_coef"] == 0.3 and p["seed"] == 1)
     assert p["agent"] == "llm1" and p["x"] == pytest.approx(0.7) and p["y"] == pytest.approx(-1.2)
     # Passing the parent as well does not duplicate runs.
-    assert len(pf.collect([sweep, sweep / "ppo"])) == len(points)
+    assert len(frontier.collect([sweep, sweep / "ppo"])) == len(points)
 
-    agg = pf.aggregate(points)
+    agg = frontier.aggregate(points)
     ppo01 = next(r for r in agg if r["algorithm"] == "ppo" and r["kl_coef"] == 0.1)
     assert ppo01["n"] == 2 and ppo01["task_reward"] == pytest.approx(1.1)
     assert ppo01["task_reward_std"] == pytest.approx(0.1) and ppo01["kl"] == pytest.approx(4.1)
-    fronts = pf.fronts(agg)
+    fronts = frontier.fronts(agg)
     # PPO: (1.1, -4.1) and (0.6, -1.1) are both non-dominated. CORY: llm1 (1.6, -3.0), llm2 (1.2, -5.1) dominated,
     # the single-seed (0.1, -0.2) point is non-dominated.
     assert [(round(r["x"], 3), round(r["y"], 3)) for r in fronts["ppo"]] == [(0.6, -1.1), (1.1, -4.1)]
     assert [(r["agent"], r["kl_coef"]) for r in fronts["cory"]] == [("llm2", 0.3), ("llm1", 0.1)]
-    table = pf.format_table(agg, fronts)
+    table = frontier.format_table(agg, fronts)
     assert "ppo" in table and "cory" in table and "±" in table and "*" in table
 
 
@@ -158,3 +164,177 @@ def test_frontier_cli_subprocess(sweep, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert _is_png(out) and "ppo" in proc.stdout
+
+
+def _errorbar_xy(ax) -> list[tuple[float, float]]:
+    """The (x, y) of every errorbar marker drawn on `ax`, in drawing order."""
+    return [(float(c.lines[0].get_xdata()[0]), float(c.lines[0].get_ydata()[0])) for c in ax.containers]
+
+
+def test_frontier_draws_the_seed_means_and_fronts_of_the_runs(sweep):
+    points = frontier.collect([sweep / "ppo", sweep / "cory"])
+    fig, result = frontier.draw_frontier(points)
+    ax = fig.axes[0]
+    # Seed means by hand: ppo η=0.1 (1.0, 4.0), (1.2, 4.2); η=0.3 (0.5, 1.0), (0.7, 1.2); cory llm1 (1.5, 3.0),
+    # (1.7, 3.0); llm2 (1.2, 5.0), (1.2, 5.2). Drawn in the order cory llm1, cory llm2, ppo 0.1, ppo 0.3.
+    expected = [(1.6, -3.0), (1.2, -5.1), (1.1, -4.1), (0.6, -1.1)]
+    np.testing.assert_allclose(_errorbar_xy(ax), expected)
+    # Every single-seed point is drawn behind its mean.
+    scattered = sorted(tuple(map(float, c.get_offsets()[0])) for c in ax.collections if isinstance(c, PathCollection))
+    np.testing.assert_allclose(scattered, sorted((p["x"], p["y"]) for p in points))
+    # The fronts (the solid lines): PPO through both of its means, CORY through LLM1's (LLM2's is dominated).
+    fronts = [np.column_stack([ln.get_xdata(), ln.get_ydata()]) for ln in ax.lines if ln.get_linestyle() == "-"]
+    assert [f.shape[0] for f in fronts if len(f)] == [1, 2]  # cory, ppo
+    np.testing.assert_allclose(fronts[0], [(1.6, -3.0)])
+    np.testing.assert_allclose(fronts[1], [(0.6, -1.1), (1.1, -4.1)])
+    assert [r["agent"] for r in result["fronts"]["cory"]] == ["llm1"]
+
+
+def test_collect_skips_runs_that_stopped_early(tmp_path):
+    _summary(tmp_path, "ppo", 0.1, 0, {"llm1": (1.0, 2.0)})
+    _summary(tmp_path, "ppo", 0.1, 1, {"llm1": (9.0, 9.0)})
+    stopped = tmp_path / "ppo_kl0.1_s1" / "summary.json"
+    stopped.write_text(json.dumps(json.loads(stopped.read_text()) | {"completed": False}))
+    assert [p["seed"] for p in frontier.collect([tmp_path])] == [0]
+
+
+class _FakeRun:
+    def __init__(self, run_id, algorithm, kl_coef, seed, evals, state="finished", job_type=None, step=10):
+        self.path = ["ent", "proj", run_id]
+        self.state, self.job_type = state, job_type
+        self.config = {"algorithm": {"_target_": f"cory.algorithms.{algorithm}.{algorithm.upper()}",
+                                     "agent": {"init_kl_coef": kl_coef}}, "seed": seed, "iterations": 10}  # fmt: skip
+        self.summary = {"_step": step, "train/llm1/kl": 123.0}
+        for agent, (reward, kl) in evals.items():
+            self.summary |= {f"eval/{agent}/task_reward": reward, f"eval/{agent}/kl": kl,
+                             f"eval/{agent}/combined_reward": reward - 0.3 * kl}  # fmt: skip
+
+
+class _FakeApi:
+    def __init__(self, runs):
+        self._runs, self.calls = runs, []
+
+    def runs(self, path, filters=None):
+        self.calls.append((path, filters))
+        return self._runs
+
+
+def test_frontier_from_a_wandb_group_reads_finished_runs_only(tmp_path):
+    api = _FakeApi(
+        [
+            _FakeRun("a", "ppo", 0.1, 0, {"llm1": (1.0, 4.0)}),
+            _FakeRun("b", "cory", 0.1, 0, {"llm1": (1.5, 3.0), "llm2": (1.2, 5.0)}),
+            _FakeRun("c", "ppo", 0.1, 1, {"llm1": (9.0, 9.0)}, state="crashed"),
+            _FakeRun("d", "ppo", 0.1, 2, {"llm1": (9.0, 9.0)}, step=5),  # stopped before its final evaluation
+            _FakeRun("e", "ppo", 0.1, 3, {"llm1": (9.0, 9.0)}, job_type="summary"),  # the sweep's summary run
+        ]
+    )
+    out, js = tmp_path / "f.png", tmp_path / "f.json"
+    assert pf.main(["--wandb", "ent/proj/fig3_imdb", "--out", str(out), "--json", str(js)], api=api) == 0
+    assert api.calls == [("ent/proj", {"group": "fig3_imdb"})]
+    points = json.loads(js.read_text())["points"]
+    got = [(p["run"], p["algorithm"], p["kl_coef"], p["seed"], p["agent"], p["x"], p["y"]) for p in points]
+    assert got == [
+        ("ent/proj/a", "ppo", 0.1, 0, "llm1", 1.0, -4.0),
+        ("ent/proj/b", "cory", 0.1, 0, "llm1", 1.5, -3.0),
+        ("ent/proj/b", "cory", 0.1, 0, "llm2", 1.2, -5.0),
+    ]
+    assert [p["combined_reward"] for p in points] == pytest.approx([1.0 - 1.2, 1.5 - 0.9, 1.2 - 1.5])
+    assert _is_png(out)
+    assert pf.main(["--wandb", "ent/proj", "--out", str(out)], api=api) == 2  # not entity/project/group
+
+
+# ---------------------------------------------------------------------------------------------- plot_curves.py
+
+
+def _fake_run(folder: Path, overrides: list[str], agents: dict[str, float], seed: int, iterations: int = 5) -> None:
+    """A run folder with Hydra's overrides and metrics whose values are known: train value at iteration i =
+    base + 10·seed + i (kl: half of it), evaluations at 0 and `iterations` = base + seed ± 100."""
+    (folder / ".hydra").mkdir(parents=True)
+    (folder / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in [*overrides, f"seed={seed}"]))
+    rows = [{"iteration": 0} | {f"eval/{a}/task_reward": b + seed - 100 for a, b in agents.items()}]
+    for i in range(iterations):
+        row = {"iteration": i}
+        for a, b in agents.items():
+            row |= {f"train/{a}/task_reward": b + 10 * seed + i, f"train/{a}/kl": (b + 10 * seed + i) / 2,
+                    f"train/{a}/combined_reward": b - seed}  # fmt: skip
+        rows.append(row)
+    rows.append({"iteration": iterations} | {f"eval/{a}/task_reward": b + seed + 100 for a, b in agents.items()})
+    (folder / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+
+
+@pytest.fixture
+def curve_sweep(tmp_path):
+    root = tmp_path / "sweep"
+    shared = ["experiment=cpu_imdb", "sweep=cpu_imdb_curves", "progress=false"]
+    for seed in (0, 1):
+        _fake_run(root / "algorithm=ppo" / f"seed={seed}", [*shared, "algorithm=ppo"], {"llm1": 1.0}, seed)
+        _fake_run(
+            root / "algorithm=cory" / f"seed={seed}", [*shared, "algorithm=cory"], {"llm1": 2.0, "llm2": 3.0}, seed
+        )
+    _fake_run(root / "algorithm=ppo" / "seed=2", [*shared, "algorithm=ppo"], {"llm1": 1.0}, 2, iterations=3)
+    return root
+
+
+def test_plot_curves_draws_seed_means_and_min_max_bands(curve_sweep, tmp_path):
+    groups, shared = pc.group_runs(pc.discover_runs([curve_sweep]))
+    assert sorted(groups) == ["algorithm=cory", "algorithm=ppo"] and len(groups["algorithm=ppo"]) == 3
+    assert shared == {"experiment": "cpu_imdb"}  # the seed, the sweep's name and progress are not settings
+    curves = pc.curves(groups)
+    ppo = next(c for c in curves if (c["label"], c["split"], c["metric"]) == ("algorithm=ppo", "train", "task_reward"))
+    # seeds 0, 1, 2 at iterations 0..2 (1 + 10·seed + i), seeds 0 and 1 only at 3..4
+    assert ppo["iterations"] == [0, 1, 2, 3, 4] and ppo["seeds"] == [3, 3, 3, 2, 2]
+    assert ppo["mean"] == pytest.approx([11, 12, 13, 9, 10]) and ppo["low"] == [1, 2, 3, 4, 5]
+    assert ppo["high"] == [21, 22, 23, 14, 15]
+
+    axes = pc.plot(curves, tmp_path / "fig", title="t")["axes"]
+    lines = {line.get_label(): line for line in axes["task_reward"].lines}
+    assert list(lines["algorithm=ppo · llm1"].get_ydata()) == pytest.approx(ppo["mean"])
+    cory2 = lines["algorithm=cory · llm2"]  # (3 + i) and (13 + i): mean 8 + i
+    assert list(cory2.get_xdata()) == [0, 1, 2, 3, 4] and list(cory2.get_ydata()) == pytest.approx([8, 9, 10, 11, 12])
+    assert list(next(ln for ln in axes["kl"].lines if ln.get_label() == "algorithm=cory · llm2").get_ydata()) == (
+        pytest.approx([4, 4.5, 5, 5.5, 6])
+    )
+    ppo_color = to_rgb(lines["algorithm=ppo · llm1"].get_color())
+    (band,) = [
+        c.get_paths()[0].vertices
+        for c in axes["task_reward"].collections
+        if isinstance(c, PolyCollection) and tuple(c.get_facecolor()[0][:3]) == pytest.approx(ppo_color)
+    ]
+    for x, low, high in zip(ppo["iterations"], ppo["low"], ppo["high"]):
+        ys = band[np.isclose(band[:, 0], x), 1]
+        assert ys.min() == pytest.approx(low) and ys.max() == pytest.approx(high)
+    # held-out evaluations: markers at the seed mean with min–max bars (1 + seed ∓ 100; seed 2 ended at 3)
+    ppo_eval = next(c for c in axes["task_reward"].containers if c.get_label() == "algorithm=ppo · llm1 (held-out)")
+    assert list(ppo_eval.lines[0].get_xdata()) == [0, 3, 5]
+    assert list(ppo_eval.lines[0].get_ydata()) == pytest.approx([-98, 103, 101.5])
+    bars = ppo_eval.lines[2][0].get_segments()  # one vertical segment per marker, from min to max
+    np.testing.assert_allclose([(seg[0][1], seg[1][1]) for seg in bars], [(-99, -97), (103, 103), (101, 102)])
+    assert all(_is_png(p) or p.suffix == ".pdf" for p in (tmp_path / "fig.png", tmp_path / "fig.pdf"))
+
+
+def test_plot_curves_cli_writes_png_pdf_and_the_plotted_arrays(curve_sweep, tmp_path):
+    prefix = tmp_path / "out" / "fig3"
+    assert pc.main([str(curve_sweep), "--out", str(prefix)]) == 0
+    assert _is_png(Path(f"{prefix}.png")) and Path(f"{prefix}.pdf").read_bytes()[:5] == b"%PDF-"
+    saved = json.loads(Path(f"{prefix}.json").read_text())
+    assert saved["shared"] == {"experiment": "cpu_imdb"}
+    assert {(c["label"], c["agent"]) for c in saved["curves"]} == {
+        ("algorithm=ppo", "llm1"), ("algorithm=cory", "llm1"), ("algorithm=cory", "llm2")
+    }  # fmt: skip
+    assert pc.main([str(tmp_path / "nothing_here"), "--out", str(prefix)]) == 1
+
+
+def test_plot_curves_groups_runs_without_hydra_records_by_their_config(tmp_path):
+    for algorithm, seed in (("PPO", 0), ("PPO", 1), ("CORY", 0)):
+        run = tmp_path / f"{algorithm}{seed}"
+        run.mkdir()
+        target = f"cory.algorithms.{algorithm.lower()}.{algorithm}"
+        extra = "  role_exchange: true\n" if algorithm == "CORY" else ""
+        (run / "run_config.yaml").write_text(
+            f"seed: {seed}\nalgorithm:\n  _target_: {target}\n{extra}  agent:\n    learning_rate: 1.0e-05\n"
+        )
+        (run / "metrics.jsonl").write_text(json.dumps({"iteration": 0, "train/llm1/task_reward": seed}) + "\n")
+    groups, shared = pc.group_runs(pc.discover_runs([tmp_path]))
+    assert {k: len(v) for k, v in groups.items()} == {"algorithm=ppo": 2, "algorithm=cory": 1}
+    assert shared == {"algorithm.agent.learning_rate": "1e-05"}

@@ -1,0 +1,305 @@
+"""The KL-vs-reward frontier (paper §3.2, Fig. 2c; docs/method.md §3.4): points, seed means, Pareto fronts, plot.
+
+Shared by `scripts/plot_frontier.py` and the multirun callback (`cory/callbacks.py`). A point is one (run, agent):
+x = the agent's final held-out task reward, y = −its final held-out KL_seq (each agent alone in the query-only
+role, docs/method.md §1.6), labelled by algorithm, KL coefficient η (`algorithm.agent.init_kl_coef`) and seed.
+
+Points come from the `summary.json` of local run folders (`collect`) or from the runs of a W&B group through the
+W&B public API (`collect_wandb`, the same fields read from each run's config and summary). Points are averaged
+over seeds per (algorithm, η, agent); each algorithm's upper-right Pareto front (higher reward, lower KL) is
+drawn through its averaged points.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import statistics
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+# The per-point table (frontier.csv, the W&B table); `neg_kl` is the frontier's y-axis.
+COLUMNS = ("algorithm", "kl_coef", "seed", "agent", "task_reward", "kl", "combined_reward", "neg_kl", "run")
+METRICS = ("task_reward", "kl", "combined_reward")
+
+
+def _num(value: Any) -> float | None:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def make_point(run: str, algorithm: str, kl_coef: Any, seed: Any, agent: str, metrics: Mapping) -> dict | None:
+    """One frontier point, or None when the agent has no finite task reward and KL."""
+    reward, kl = _num(metrics.get("task_reward")), _num(metrics.get("kl"))
+    if reward is None or kl is None:
+        return None
+    return {
+        "run": run,
+        "algorithm": str(algorithm),
+        "kl_coef": _num(kl_coef),
+        "seed": seed,
+        "agent": agent,
+        "task_reward": reward,
+        "kl": kl,
+        "combined_reward": _num(metrics.get("combined_reward")),
+        "x": reward,
+        "y": -kl,
+    }
+
+
+def collect(dirs: Iterable[str | Path]) -> list[dict]:
+    """One point per (run, agent) from every `summary.json` under `dirs` (a dir may itself be a run folder).
+
+    A summary holds `algorithm`, `kl_coef`, `seed`, `iterations` and `agents: {id: {task_reward, kl,
+    combined_reward}}` (written by `cory.trainer.Trainer`). Unreadable summaries, unfinished runs
+    (`completed: false`) and agents without a finite task reward and KL are skipped with a note on stderr.
+    """
+    paths: set[Path] = set()
+    for d in map(Path, dirs):
+        if d.is_file() and d.name == "summary.json":
+            paths.add(d.resolve())
+        elif d.is_dir():
+            paths.update(p.resolve() for p in d.rglob("summary.json"))
+    points = []
+    for path in sorted(paths):
+        try:
+            summary = json.loads(path.read_text(encoding="utf-8"))
+            agents = dict(summary["agents"])
+        except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            print(f"skipping {path}: {type(exc).__name__}: {exc}", file=sys.stderr)
+            continue
+        if summary.get("completed") is False:
+            print(f"skipping {path}: the run stopped early (completed: false)", file=sys.stderr)
+            continue
+        for agent, metrics in sorted(agents.items()):
+            point = make_point(
+                str(path.parent),
+                summary.get("algorithm", "?"),
+                summary.get("kl_coef"),
+                summary.get("seed"),
+                agent,
+                metrics or {},
+            )
+            if point is None:
+                print(f"skipping {path} agent {agent}: no finite task_reward/kl", file=sys.stderr)
+            else:
+                points.append(point)
+    return points
+
+
+def collect_wandb(path: str, api: Any = None) -> list[dict]:
+    """One point per (run, agent) from the finished runs of a W&B group, `path` = "entity/project/group".
+
+    Reads each run's config (`algorithm._target_`, `algorithm.agent.init_kl_coef`, `seed`, `iterations`) and
+    summary (the last logged `eval/<agent>/{task_reward,kl,combined_reward}`, i.e. the final evaluation when the
+    summary's `_step` equals `iterations`). Sweep summary runs (`job_type="summary"`) and runs that did not finish
+    are skipped. `api`: a `wandb.Api()`-like object (tests pass a fake; None builds the real one).
+    """
+    parts = path.strip("/").split("/")
+    if len(parts) != 3 or not all(parts):
+        raise ValueError(f"--wandb {path}: expected entity/project/group")
+    entity, project, group = parts
+    if api is None:
+        import wandb
+
+        api = wandb.Api()
+    points = []
+    for run in api.runs(f"{entity}/{project}", filters={"group": group}):
+        name = "/".join(getattr(run, "path", None) or [entity, project, str(getattr(run, "id", "?"))])
+        if getattr(run, "job_type", None) == "summary":
+            continue
+        config, summary = dict(run.config), _as_dict(run.summary)
+        iterations = config.get("iterations")
+        state = getattr(run, "state", "finished")
+        if state != "finished" or summary.get("_step") != iterations:
+            why = f"state {state}" if state != "finished" else f"stopped at iteration {summary.get('_step')}"
+            print(f"skipping {name}: no final evaluation ({why} of {iterations})", file=sys.stderr)
+            continue
+        algorithm_cfg = config.get("algorithm") or {}
+        algorithm = str(algorithm_cfg.get("_target_", "?")).rsplit(".", 1)[-1].lower()
+        kl_coef = (algorithm_cfg.get("agent") or {}).get("init_kl_coef")
+        agents = sorted({key.split("/")[1] for key in summary if key.startswith("eval/") and key.count("/") == 2})
+        for agent in agents:
+            metrics = {m: summary.get(f"eval/{agent}/{m}") for m in METRICS}
+            point = make_point(name, algorithm, kl_coef, config.get("seed"), agent, metrics)
+            if point is not None:
+                points.append(point)
+    return points
+
+
+def _as_dict(summary: Any) -> dict:
+    """A W&B summary (dict-like, not always a dict) as a plain dict."""
+    if isinstance(summary, Mapping):
+        return dict(summary)
+    return {key: summary[key] for key in summary.keys()}
+
+
+def _xy(point: Any) -> tuple[float, float]:
+    if isinstance(point, Mapping):
+        return float(point["x"]), float(point["y"])
+    return float(point[0]), float(point[1])
+
+
+def pareto_front(points: Sequence) -> list:
+    """The non-dominated points when maximising both x and y, sorted by increasing x (so decreasing y).
+
+    Points are dicts with "x" and "y" or (x, y) pairs; the same objects are returned. A point is dominated when
+    another is at least as good on both axes and better on one; exact duplicates are both kept.
+    """
+    front = []
+    for p in points:
+        px, py = _xy(p)
+        if not any(qx >= px and qy >= py and (qx > px or qy > py) for qx, qy in map(_xy, points)):
+            front.append(p)
+    return sorted(front, key=lambda p: (_xy(p)[0], -_xy(p)[1]))
+
+
+def aggregate(points: list[dict]) -> list[dict]:
+    """Mean and population std (0 for one seed) over seeds per (algorithm, kl_coef, agent), `n` = seeds."""
+    groups: dict[tuple, list[dict]] = {}
+    for p in points:
+        groups.setdefault((p["algorithm"], p["kl_coef"], p["agent"]), []).append(p)
+    out = []
+    for (algorithm, kl_coef, agent), group in sorted(groups.items(), key=lambda kv: _sort_key(kv[0])):
+        row = {"algorithm": algorithm, "kl_coef": kl_coef, "agent": agent, "n": len(group)}
+        for name in METRICS:
+            values = [p[name] for p in group if p[name] is not None]
+            row[name] = statistics.fmean(values) if values else None
+            row[f"{name}_std"] = statistics.pstdev(values) if len(values) > 1 else 0.0
+        row["x"], row["y"] = row["task_reward"], -row["kl"]
+        out.append(row)
+    return out
+
+
+def _sort_key(key: tuple) -> tuple:
+    algorithm, kl_coef, agent = key
+    return (algorithm, math.inf if kl_coef is None else kl_coef, agent)
+
+
+def fronts(aggregated: list[dict]) -> dict[str, list[dict]]:
+    """Each algorithm's Pareto front over its averaged points."""
+    by_algorithm: dict[str, list[dict]] = {}
+    for row in aggregated:
+        by_algorithm.setdefault(row["algorithm"], []).append(row)
+    return {algorithm: pareto_front(rows) for algorithm, rows in sorted(by_algorithm.items())}
+
+
+def table_rows(points: list[dict]) -> list[list]:
+    """The per-point table, one row per (run, agent), columns `COLUMNS`."""
+    return [[-p["kl"] if c == "neg_kl" else p[c] for c in COLUMNS] for p in points]
+
+
+def format_table(aggregated: list[dict], front: dict[str, list[dict]]) -> str:
+    """A plain-text table of the averaged points; `*` marks points on their algorithm's front."""
+
+    def fmt(mean: float | None, std: float, n: int) -> str:
+        if mean is None:
+            return "-"
+        return f"{mean:.4g} ± {std:.2g}" if n > 1 else f"{mean:.4g}"
+
+    on_front = {id(row) for rows in front.values() for row in rows}
+    header = ("algorithm", "kl_coef", "agent", "seeds", "task_reward", "kl", "combined", "front")
+    lines = [header]
+    for row in aggregated:
+        lines.append(
+            (
+                row["algorithm"],
+                "-" if row["kl_coef"] is None else f"{row['kl_coef']:g}",
+                row["agent"],
+                str(row["n"]),
+                *(fmt(row[m], row[f"{m}_std"], row["n"]) for m in METRICS),
+                "*" if id(row) in on_front else "",
+            )
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in lines)
+
+
+def draw_frontier(points: list[dict], title: str | None = None) -> tuple[Any, dict]:
+    """The frontier figure (colour = algorithm, marker = agent, error bars = std over seeds).
+
+    Returns:
+        (the matplotlib Figure, {"aggregated": the seed means, "fronts": each algorithm's front over them}).
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    aggregated = aggregate(points)
+    front = fronts(aggregated)
+    algorithms = sorted({p["algorithm"] for p in points})
+    agents = sorted({p["agent"] for p in points})
+    colors = {a: f"C{i % 10}" for i, a in enumerate(algorithms)}
+    markers = {a: MARKERS[i % len(MARKERS)] for i, a in enumerate(agents)}
+
+    fig = Figure(figsize=(7, 5.5), constrained_layout=True)
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    several_seeds = any(row["n"] > 1 for row in aggregated)
+    if several_seeds:  # the single-seed points, faintly, behind their means
+        for p in points:
+            ax.scatter(p["x"], p["y"], color=colors[p["algorithm"]], marker=markers[p["agent"]], alpha=0.25, s=18)
+    for row in aggregated:
+        spread = row["n"] > 1
+        ax.errorbar(
+            row["x"],
+            row["y"],
+            xerr=row["task_reward_std"] if spread else None,
+            yerr=row["kl_std"] if spread else None,
+            color=colors[row["algorithm"]],
+            marker=markers[row["agent"]],
+            mec="k",
+            ms=7,
+            capsize=3,
+            linestyle="none",
+        )
+        if row["kl_coef"] is not None:
+            ax.annotate(
+                f"{row['kl_coef']:g}",
+                (row["x"], row["y"]),
+                textcoords="offset points",
+                xytext=(5, 4),
+                fontsize=7,
+                color=colors[row["algorithm"]],
+            )
+    for algorithm, rows in front.items():
+        ax.plot([r["x"] for r in rows], [r["y"] for r in rows], color=colors[algorithm], lw=1.5, alpha=0.8)
+    for algorithm in algorithms:  # legend: colour = algorithm (its front), marker = agent
+        ax.plot([], [], color=colors[algorithm], lw=1.5, label=f"{algorithm} front")
+    for agent in agents:
+        ax.plot([], [], color="0.4", marker=markers[agent], linestyle="none", label=agent)
+    ax.legend(fontsize=8, loc="lower left")
+    ax.set_xlabel("eval task reward")
+    ax.set_ylabel("− eval KL per sequence")
+    ax.grid(alpha=0.3)
+    ax.set_title(title or ("KL-reward frontier" + (" (mean ± std over seeds)" if several_seeds else "")))
+    return fig, {"aggregated": aggregated, "fronts": front}
+
+
+def plot_frontier(points: list[dict], out_png: str | Path, title: str | None = None) -> dict:
+    """`draw_frontier` saved to `out_png`; returns its seed means and fronts."""
+    fig, result = draw_frontier(points, title)
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=120)
+    return result
+
+
+def write_frontier(points: list[dict], out_dir: str | Path, title: str | None = None) -> dict:
+    """`frontier.png`, `frontier.csv` (one row per point, `COLUMNS`) and `frontier.json` (points, seed means,
+    fronts) in `out_dir`; returns the `plot_frontier` result plus the paths under "files"."""
+    out_dir = Path(out_dir)
+    files = {name: out_dir / f"frontier.{name}" for name in ("png", "csv", "json")}
+    result = plot_frontier(points, files["png"], title=title)
+    with files["csv"].open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(COLUMNS)
+        writer.writerows(table_rows(points))
+    files["json"].write_text(json.dumps({"points": points, **result}, indent=2), encoding="utf-8")
+    return result | {"files": files}

@@ -1,0 +1,234 @@
+"""Run a sweep resumably on one machine: each job in its own fixed folder, finished jobs skipped, stopped ones resumed.
+
+    python scripts/run_sweep.py --dir outputs/reproduction/runs/curves [--jobs 2] [--threads 1] \\
+        experiment=cpu_imdb sweep=cpu_imdb_curves [more overrides, sweeps such as seed=0,1 included]
+
+The jobs are exactly those of `python -m cory.train -m <the same overrides>`: the sweep file's
+`hydra.sweeper.params` and the command-line sweeps, expanded by Hydra's own basic sweeper. Each job runs as
+`python -m cory.train <its overrides> hydra.run.dir=<DIR>/<what varies>/seed=<n>` in a subprocess with
+`--threads` torch/OpenMP threads, `--jobs` at a time. Running the same command again
+- skips a job whose folder holds a `summary.json` with `completed: true`,
+- resumes one whose folder holds a run (`run_config.yaml`) with `python -m cory.train resume=<folder>`,
+- starts the others afresh.
+So a sweep killed at any point (Ctrl-C, `kill`, a reboot) continues where its checkpoints stand. Ctrl-C or SIGTERM
+to this driver is passed once to every running job, which finishes its iteration, checkpoints and exits; if the
+driver itself is killed with SIGKILL, its jobs get SIGTERM (Linux). Each job's output goes to `<DIR>/logs/`.
+At the end the sweep is summarised like a `-m` multirun (`cory.callbacks.summarise_sweep`): `frontier.{png,csv,
+json}` in DIR and, with `logger=wandb`, the W&B summary run of the sweep's group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # `python scripts/run_sweep.py` runs from the checkout
+
+LOCK = ".run_sweep.pid"
+
+
+def compose(overrides: list[str]):
+    """The config `python -m cory.train <overrides>` composes (sweep values left out), Hydra's part included."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
+        return hydra_compose("train", overrides=overrides, return_hydra_config=True)
+
+
+def expand(overrides: list[str]) -> tuple[list[list[str]], object]:
+    """The jobs of `-m <overrides>` (each a list of `key=value`) and the config composed without sweep values."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    fixed = [o.input_line for o in parser.parse_overrides(overrides) if not o.is_sweep_override()]
+    cfg = compose(fixed)
+    params = [f"{k}={v}" for k, v in (cfg.hydra.sweeper.params or {}).items()]
+    (jobs,) = BasicSweeper.split_arguments(parser.parse_overrides(params + overrides), max_batch_size=None)
+    return jobs, cfg
+
+
+def job_folders(jobs: list[list[str]], root: Path, default_seed: int) -> list[Path]:
+    """`root/<overrides that vary between jobs, but the seed>/seed=<n>`: the folder reads like the sweep's table."""
+    varying = {o.split("=", 1)[0] for o in {o for job in jobs for o in job} if not all(o in job for job in jobs)}
+    folders = []
+    for job in jobs:
+        values = dict(o.split("=", 1) for o in job)
+        name = ",".join(f"{k}={values[k]}" for k in sorted(varying - {"seed"}) if k in values) or "run"
+        folders.append(root / name / f"seed={values.get('seed', default_seed)}")
+    if len(set(folders)) != len(folders):
+        raise SystemExit("error: two jobs map to one folder; give every swept key a distinct value")
+    return folders
+
+
+def state(folder: Path) -> str:
+    """ "done" (completed summary), "resume" (a run is there), or "fresh"."""
+    try:
+        if json.loads((folder / "summary.json").read_text()).get("completed"):
+            return "done"
+    except (OSError, ValueError, AttributeError):
+        pass
+    return "resume" if (folder / "run_config.yaml").is_file() else "fresh"
+
+
+def command(job: list[str], folder: Path, how: str, alias: Path) -> list[str]:
+    """The job's `python -m cory.train` command line: a fresh start into `folder`, or its resume.
+
+    Folder names hold `=` and `,`, which Hydra's override grammar accepts only quoted; `resume=` takes a plain path,
+    so a resume goes through `alias`, a symlink to the folder with a plain name (the run still writes into it).
+    """
+    if how == "resume":
+        alias.parent.mkdir(parents=True, exist_ok=True)
+        alias.unlink(missing_ok=True)
+        alias.symlink_to(os.path.relpath(folder, alias.parent), target_is_directory=True)
+        return [sys.executable, "-m", "cory.train", f"resume={alias}", "progress=false"]
+    # `hydra.mode=RUN`: a sweep file sets MULTIRUN; here each job is one run in its own folder
+    return [sys.executable, "-m", "cory.train", *job, "progress=false", "hydra.mode=RUN", f"hydra.run.dir='{folder}'"]
+
+
+def warm_caches(job: list[str]) -> None:
+    """Build the cached assets of the job's model and reward (converted weights, a trained classifier) once, here,
+    instead of in every parallel job at the same time; a failure is left for the jobs to report."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    cfg = compose([o for o in job if not o.startswith("hydra.")])
+    for key in ("model", "task.reward"):
+        node = OmegaConf.select(cfg, key)
+        if node is not None and "cache_dir" in node:
+            try:
+                instantiate(node)
+            except Exception as exc:  # noqa: BLE001
+                print(f"[sweep] could not prepare {key} ({type(exc).__name__}); the jobs will say why", flush=True)
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the driver dies (Linux prctl), so no job outlives a killed driver."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class Driver:
+    """Runs the jobs `jobs` at a time; one signal to the driver is passed once to every running job."""
+
+    def __init__(self, jobs: int, threads: int, log_dir: Path) -> None:
+        self.slots, self.log_dir = jobs, log_dir
+        self.env = os.environ | {
+            "OMP_NUM_THREADS": str(threads),
+            "MKL_NUM_THREADS": str(threads),
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+        self.running: dict[subprocess.Popen, tuple[str, Path, float]] = {}
+        self.stopping = False
+
+    def stop(self, signum: int, _frame) -> None:
+        if not self.stopping:
+            print(f"[sweep] {signal.Signals(signum).name}: stopping the running jobs at a checkpoint", flush=True)
+            for proc in self.running:
+                proc.send_signal(signal.SIGTERM)
+        self.stopping = True
+
+    def run(self, todo: list[tuple[str, Path, list[str]]]) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        while (todo and not self.stopping) or self.running:
+            while todo and not self.stopping and len(self.running) < self.slots:
+                name, folder, cmd = todo.pop(0)
+                log = (self.log_dir / f"{name.replace('/', '_')}.log").open("a")
+                print(f"[sweep] start {name}: {' '.join(cmd[2:])}", flush=True)
+                proc = subprocess.Popen(
+                    cmd,
+                    cwd=ROOT,
+                    env=self.env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # a Ctrl-C reaches the driver, which passes it on exactly once
+                    preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+                )
+                log.close()
+                self.running[proc] = (name, folder, time.time())
+            time.sleep(0.2)
+            for proc in [p for p in self.running if p.poll() is not None]:
+                name, folder, t0 = self.running.pop(proc)
+                outcome = "failed" if proc.returncode else {"done": "finished"}.get(state(folder), "stopped")
+                print(f"[sweep] {outcome} after {time.time() - t0:.0f} s (exit {proc.returncode}): {name}", flush=True)
+
+
+def _alive(lock: Path) -> bool:
+    """Whether the pid in `lock` is a live process (a driver already working on this sweep)."""
+    try:
+        os.kill(int(lock.read_text().strip()), 0)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dir", type=Path, required=True, help="the sweep folder (fixed, so a rerun resumes)")
+    parser.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2)")
+    parser.add_argument("--threads", type=int, default=1, help="torch/OpenMP threads per run (default 1)")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, sweeps included")
+    args = parser.parse_args(argv)
+
+    jobs, cfg = expand(args.overrides)
+    root = args.dir.resolve()
+    folders = job_folders(jobs, root, cfg.seed)
+    root.mkdir(parents=True, exist_ok=True)
+    lock = root / LOCK
+    if _alive(lock):
+        print(f"error: another run_sweep.py (pid {lock.read_text().strip()}) is running in {root}", file=sys.stderr)
+        return 2
+    lock.write_text(str(os.getpid()))
+    try:
+        todo = []
+        for i, (job, folder) in enumerate(zip(jobs, folders, strict=True)):
+            name, how = str(folder.relative_to(root)), state(folder)
+            if how == "done":
+                print(f"[sweep] skip (finished): {name}")
+                continue
+            if how == "fresh" and folder.exists():  # stopped before writing its config: only Hydra's files are there
+                if (folder / "checkpoints").exists() or (folder / "metrics.jsonl").exists():
+                    print(f"[sweep] skip (a run without run_config.yaml; move it away to rerun): {name}")
+                    continue
+                shutil.rmtree(folder)
+            todo.append((name, folder, command(job, folder, how, alias=root / ".resume" / str(i))))
+        print(f"[sweep] {len(jobs)} jobs, {len(todo)} to run ({args.jobs} at a time) in {root}", flush=True)
+        if args.jobs > 1 and len(todo) > 1:
+            warm_caches(jobs[0])
+        driver = Driver(args.jobs, args.threads, root / "logs")
+        previous = {s: signal.signal(s, driver.stop) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            driver.run(todo)
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+    finally:
+        lock.unlink(missing_ok=True)
+
+    unfinished = [str(f.relative_to(root)) for f in folders if state(f) != "done"]
+    if unfinished:
+        again = "run the same command again to resume"
+        print(f"[sweep] {len(unfinished)} unfinished (logs in {root / 'logs'}); {again}: {', '.join(unfinished)}")
+        return 1
+    from cory.callbacks import summarise_sweep
+
+    summarise_sweep(root, cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

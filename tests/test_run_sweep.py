@@ -1,0 +1,92 @@
+"""The resumable sweep driver (`scripts/run_sweep.py`) and the CPU reproduction script built on it.
+
+- Jobs are Hydra's own expansion of the sweep; folders are named `<what varies>/seed=<n>`.
+- A sweep stopped by a signal resumes from its checkpoints when the same command runs again, and the resumed
+  run's metrics equal one uninterrupted run's rows (each iteration once); finished runs are skipped.
+- `scripts/reproduce_cpu.sh` (the README's `make reproduce-cpu`) runs end to end on the tiny model and writes the
+  curves and the frontier.
+Run: `pytest tests/test_run_sweep.py` (about a minute: real runs in subprocesses).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("run_sweep", REPO / "scripts" / "run_sweep.py")
+run_sweep = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(run_sweep)
+
+
+def _env(tmp_path: Path) -> dict:
+    return os.environ | {"OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "CORY_CACHE": str(tmp_path / "cache")}
+
+
+def test_jobs_are_hydras_expansion_and_folders_read_like_the_table(tmp_path):
+    jobs, cfg = run_sweep.expand(["experiment=smoke", "sweep=cpu_imdb_frontier", "seed=0,1"])
+    assert len(jobs) == 2 * 3 * 2 and cfg.sweep.name == "cpu_imdb_frontier"  # algorithm × η × seed
+    folders = run_sweep.job_folders(jobs, tmp_path, default_seed=0)
+    names = {str(f.relative_to(tmp_path)) for f in folders}
+    assert "algorithm=cory,algorithm.agent.init_kl_coef=0.01/seed=1" in names and len(names) == 12
+    # keys every job shares (experiment, sweep, adaptive_kl) do not name folders; no seed swept: the config's seed
+    (only,) = run_sweep.job_folders([["experiment=smoke"]], tmp_path, default_seed=7)
+    assert only == tmp_path / "run" / "seed=7"
+
+
+@pytest.mark.slow
+def test_a_stopped_sweep_resumes_and_a_finished_one_is_skipped(tmp_path):
+    out = tmp_path / "sweep"
+    cmd = [sys.executable, str(REPO / "scripts" / "run_sweep.py"), "--dir", str(out), "--jobs", "1",
+           "experiment=smoke", "iterations=40", "save_every=2", "eval_every=0", "seed=3"]  # fmt: skip
+    run = out / "run" / "seed=3"
+    driver = subprocess.Popen(cmd, cwd=REPO, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.time() + 300
+    while not list(run.glob("checkpoints/iter_*")) and time.time() < deadline and driver.poll() is None:
+        time.sleep(0.05)
+    driver.send_signal(signal.SIGTERM)  # like `kill <driver>`: the job checkpoints and stops
+    first = driver.communicate(timeout=300)[0].decode()
+    assert driver.returncode == 1 and "stopped" in first and "run the same command again" in first, first
+    stopped_at = json.loads((run / "summary.json").read_text())
+    assert stopped_at["completed"] is False and 0 < stopped_at["iterations"] < 40
+
+    second = subprocess.run(cmd, cwd=REPO, env=_env(tmp_path), capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "resume=" in second.stdout and "finished" in second.stdout
+    assert f"(iteration {stopped_at['iterations']})" in (out / "logs" / "run_seed=3.log").read_text()
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows if "train/llm1/kl" in r] == list(range(40))  # each iteration once
+    assert json.loads((run / "summary.json").read_text())["completed"] is True
+    assert (out / "frontier.csv").is_file()  # summarised like a multirun
+
+    third = subprocess.run(cmd, cwd=REPO, env=_env(tmp_path), capture_output=True, text=True, timeout=600)
+    assert third.returncode == 0 and "skip (finished): run/seed=3" in third.stdout and "start" not in third.stdout
+
+
+def test_a_second_driver_on_the_same_sweep_is_refused(tmp_path, capsys):
+    (tmp_path / run_sweep.LOCK).write_text(str(os.getpid()))  # this process is alive
+    assert run_sweep.main(["--dir", str(tmp_path), "experiment=smoke"]) == 2
+    assert "another run_sweep.py" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_reproduce_cpu_runs_end_to_end(tmp_path):
+    """The README's `make reproduce-cpu` is `bash scripts/reproduce_cpu.sh`; here: tiny model, one seed, one η."""
+    env = _env(tmp_path) | {"OUT": str(tmp_path / "repro"), "EXPERIMENT": "smoke", "PY": sys.executable}
+    cmd = ["bash", "scripts/reproduce_cpu.sh", "seed=0", "algorithm.agent.init_kl_coef=0.1"]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = tmp_path / "repro"
+    for name in ("curves.png", "curves.pdf", "curves.json", "frontier.png", "frontier.csv", "frontier.json"):
+        assert (out / name).is_file(), name
+    assert len(list((out / "runs").rglob("summary.json"))) == 4  # (ppo, cory) × (curves, frontier)
+    curves = json.loads((out / "curves.json").read_text())
+    assert {c["label"] for c in curves["curves"]} == {"algorithm=ppo", "algorithm=cory"}
