@@ -79,17 +79,18 @@ class ScriptedPool:
         self.names, self.answer = names, answer
         self.calls: list[tuple[str | None, list[Chat]]] = []
         self.finetuned: dict[str, list[Chat]] = {}
+        self.resets: list[str] = []
 
     def generate(self, name, chats, max_new_tokens, settings) -> list[str]:
         self.calls.append((name, chats))
         return [self.answer(name, chat) for chat in chats]
 
-    def finetune(self, name, chats, settings, seed, output_dir) -> dict[str, float]:
+    def finetune(self, name, chats, settings, seed) -> dict[str, float]:
         self.finetuned[name] = chats
         return {"loss": 1.0, "examples": float(len(chats))}
 
     def reset(self, name) -> None:
-        pass
+        self.resets.append(name)
 
     def save(self, name, path) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)

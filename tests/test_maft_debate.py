@@ -131,7 +131,10 @@ def test_generation_and_critic_data_keep_only_the_agents_own_agreeing_answers():
     critic2 = critic_data(records, labels, 2, w=0.5, rng=np.random.default_rng(0))
     assert (critic2.corrected, critic2.kept, len(critic2.chats)) == (1, 1, 2)
     truth = [r.truth for r in records]  # filter=ground_truth: problem 2 now counts for agent 2 only
-    assert len(generation_data(records, truth, 0)) == 2 and len(critic_data(records, truth, 2, 1.0, np.random.default_rng(0)).chats) == 2
+    assert (
+        len(generation_data(records, truth, 0)) == 2
+        and len(critic_data(records, truth, 2, 1.0, np.random.default_rng(0)).chats) == 2
+    )
 
 
 @pytest.mark.parametrize(
@@ -161,6 +164,13 @@ def test_each_agent_is_finetuned_on_its_own_responses_only(tmp_path):
     assert metrics["maft/data/critic1/corrected"] == 1 and metrics["maft/data/critic1/examples"] == 1  # w = 0.67
     assert metrics["maft/train/accuracy"] == 1.0 and metrics["maft/sft/gen1/loss"] == 1.0
     assert (tmp_path / "rounds" / "1" / "data" / "critic2.jsonl").exists()
+
+
+@pytest.mark.parametrize("start", ["previous", "base"])
+def test_each_round_starts_from_the_previous_weights_or_from_the_base(tmp_path, start):
+    maft = make_maft(tmp_path, tagged_answer, [f"algorithm.finetune_from={start}"])
+    maft.finetune_round(1, PROBLEMS)
+    assert maft.pool.resets == ([] if start == "previous" else list(maft.pool.finetuned))
 
 
 def test_single_agent_ft_trains_one_shared_model_on_everyones_data(tmp_path):

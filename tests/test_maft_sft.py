@@ -110,7 +110,7 @@ def test_sft_trainer_labels_are_the_assistant_tokens(tmp_path):
     pool = lora_agents(["gen1"])
     with pool.use("gen1") as model:
         trainer = sft_trainer(
-            model, pool.tokenizer, [CRITIC_CHAT], SETTINGS, seed=0, output_dir=tmp_path, use_cpu=True, bf16=False
+            model, pool.tokenizer, [CRITIC_CHAT], SETTINGS, seed=0, output_dir=str(tmp_path), use_cpu=True, bf16=False
         )
     ids, mask = chat_tokens(pool.tokenizer, CRITIC_CHAT)
     assert trainer.train_dataset[0]["labels"] == [t if m else -100 for t, m in zip(ids, mask)]
@@ -124,9 +124,9 @@ def test_sft_moves_only_the_named_adapter_and_agents_diverge(tmp_path):
     other_chat = [{"role": "user", "content": "What is 7*6?"}, {"role": "assistant", "content": "\\boxed{42}"}]
     nll_before = assistant_nll(pool, "gen1", CRITIC_CHAT)
 
-    pool.finetune("gen1", [CRITIC_CHAT] * 4, replace(SETTINGS, epochs=10), seed=0, output_dir=tmp_path)
+    pool.finetune("gen1", [CRITIC_CHAT] * 4, replace(SETTINGS, epochs=10), seed=0)
     after_one = {name: pool.state_dict(name) for name in pool.names}
-    pool.finetune("gen2", [other_chat] * 4, SETTINGS, seed=0, output_dir=tmp_path)
+    pool.finetune("gen2", [other_chat] * 4, SETTINGS, seed=0)
     after = {name: pool.state_dict(name) for name in pool.names}
 
     assert any(not torch.equal(after_one["gen1"][k], init["gen1"][k]) for k in init["gen1"])
@@ -144,7 +144,7 @@ def test_sft_moves_only_the_named_adapter_and_agents_diverge(tmp_path):
 def test_adapter_weights_round_trip_and_reset(tmp_path):
     pool = lora_agents(["gen1", "gen2"])
     init = pool.state_dict("gen1")
-    pool.finetune("gen1", [CRITIC_CHAT] * 2, SETTINGS, seed=0, output_dir=tmp_path)
+    pool.finetune("gen1", [CRITIC_CHAT] * 2, SETTINGS, seed=0)
     trained = {k: v.clone() for k, v in pool.state_dict("gen1").items()}
     pool.save("gen1", tmp_path / "gen1.safetensors")
     pool.reset("gen1")
@@ -158,7 +158,7 @@ def test_full_copies_train_one_copy_and_keep_the_base(tmp_path):
     model, tokenizer = tiny_llama()
     pool = FullCopies(model, tokenizer, **pool_kwargs(["gen1", "gen2"]), chat_template=CHAT_TEMPLATE)
     base, gen2 = snapshot(pool.base), snapshot(pool.copies["gen2"])
-    pool.finetune("gen1", [CRITIC_CHAT] * 2, SETTINGS, seed=0, output_dir=tmp_path)
+    pool.finetune("gen1", [CRITIC_CHAT] * 2, SETTINGS, seed=0)
     assert any(not torch.equal(v, base[k]) for k, v in pool.state_dict("gen1").items())
     assert all(torch.equal(v, gen2[k]) for k, v in pool.state_dict("gen2").items())
     assert all(torch.equal(v, base[k]) for k, v in snapshot(pool.base).items())

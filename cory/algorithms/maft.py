@@ -63,9 +63,7 @@ class AgentPool(Protocol):
         self, name: str | None, chats: list[Chat], max_new_tokens: int, settings: GenerationSettings
     ) -> list[str]: ...
 
-    def finetune(
-        self, name: str, chats: list[Chat], settings: SFTSettings, seed: int, output_dir: Path
-    ) -> dict[str, float]: ...
+    def finetune(self, name: str, chats: list[Chat], settings: SFTSettings, seed: int) -> dict[str, float]: ...
 
     def reset(self, name: str) -> None: ...
 
@@ -164,6 +162,10 @@ class MAFT:
 
     def debate_round(self, records: list[DebateRecord], split: str, k: int, r: int) -> list[DebateRecord]:
         """Debate round r (0-based): the prompts every agent sees, then every agent's answer."""
+        print(
+            f"[maft] round {k}: {split} debate, round {r + 1}/{self.debate_rounds}, {len(records)} problems",
+            flush=True,
+        )
         torch.manual_seed(stage_seed(self.seed, split, k, r))
         rng = np.random.default_rng(stage_seed(self.seed, split, k, r))
         records, n = copy.deepcopy(records), self.num_agents
@@ -224,8 +226,9 @@ class MAFT:
                 self.pool.reset(agent)
             stats: dict[str, float] = {"examples": 0.0}
             if chats:  # no data: the agent keeps its weights this round
+                print(f"[maft] round {k}: fine-tuning {agent} on {len(chats)} conversations", flush=True)
                 seed = stage_seed(self.seed, "sft", k, index)
-                stats = self.pool.finetune(agent, chats, self.sft, seed, self.store.run_dir / "sft_tmp")
+                stats = self.pool.finetune(agent, chats, self.sft, seed)
             self.store.save_weights_stats(k, agent, stats)
             self.pool.save(agent, path)
         stats = self.store.weights_stats(k, agent)

@@ -6,6 +6,7 @@
 - `sft.py`: supervised fine-tuning of one agent with TRL's `SFTTrainer`, loss on the assistant tokens only.
 - `store.py`: the run folder's per-stage artefacts, so a killed run continues where it stopped.
 - `runner.py`: `run(cfg, run_dir)`, the entry point a composed config with `algorithm=maft` is handed to.
+- `plots.py`: the run's `curves.png` (accuracy ± s.e., per-agent accuracy, diversity per fine-tuning round).
 
 The round itself, top to bottom, is `cory/algorithms/maft.py`.
 """

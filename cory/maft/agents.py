@@ -6,10 +6,10 @@ Two interchangeable pools, chosen by `algorithm/agent_models=lora|full`:
 - `FullCopies`: a full copy of the model per agent (fine-tuned in full, lr ≈ 1e-5 in the paper); the untouched
   original writes the summaries.
 
-Both offer the same methods: `generate(name, chats, max_new_tokens)` (name None: the base model), `finetune(name,
-chats, seed, output_dir)`, `reset(name)` back to the initial weights, `save`/`load` of one agent's own weights
-(safetensors) and `state_dict(name)`. Agents differ only by their fine-tuning data, which is the method's point:
-each is trained on its own answers (§7).
+Both offer the same methods (identical code where it must be repeated): `generate(name, chats, max_new_tokens,
+settings)` (name None: the base model), `finetune(name, chats, settings, seed)`, `reset(name)` to the initial
+weights, `save`/`load` of one agent's own weights (safetensors) and `state_dict(name)` (a copy). The agents differ
+only by their fine-tuning data, which is the method's point: each is trained on its own answers (§7).
 
 Prompts are rendered with the tokenizer's chat template (`cory.maft.sft.render`), the same one SFT tokenises with.
 A tokenizer without a template needs `chat_template` (e.g. the tiny test models).
@@ -109,11 +109,6 @@ def generate_chats(
     return [texts[i] for i in range(len(chats))]
 
 
-def _sft_precision(device: torch.device, precision: str) -> dict[str, bool]:
-    """TrainingArguments' `use_cpu` and `bf16` for the hardware group (TRL's bf16 default fails on a CPU)."""
-    return {"use_cpu": device.type == "cpu", "bf16": precision == "bf16"}
-
-
 def add_lora_adapters(
     model: PreTrainedModel,
     names: list[str],
@@ -171,11 +166,11 @@ class LoraAgents:
         self.model = add_lora_adapters(
             model.to(device), self.names, r=r, alpha=alpha, dropout=dropout, target_modules=target_modules, seed=seed
         )
-        self._initial = self.state_dict(self.names[0])
+        self._initial = self.state_dict(self.names[0])  # every adapter starts from these weights
 
     @contextmanager
     def use(self, name: str | None) -> Iterator[nn.Module]:
-        """The model as agent `name` (its adapter active and trainable), or the base with adapters off (None)."""
+        """The model as agent `name` (its adapter active and the only trainable one), or the base (None)."""
         if name is None:
             with self.model.disable_adapter():
                 yield self.model
@@ -187,18 +182,14 @@ class LoraAgents:
         self, name: str | None, chats: list[Chat], max_new_tokens: int, settings: GenerationSettings
     ) -> list[str]:
         with self.use(name) as model:
-            return generate_chats(model, self.tokenizer, chats, max_new_tokens, settings, **self._generate_kwargs())
+            hardware = {"device": self.device, "autocast_dtype": runtime.autocast_dtype(self.precision)}
+            batch = self.generation_batch_size
+            return generate_chats(model, self.tokenizer, chats, max_new_tokens, settings, batch_size=batch, **hardware)
 
-    def _generate_kwargs(self) -> dict:
-        dtype = runtime.autocast_dtype(self.precision)
-        return {"batch_size": self.generation_batch_size, "device": self.device, "autocast_dtype": dtype}
-
-    def finetune(
-        self, name: str, chats: list[Chat], settings: SFTSettings, seed: int, output_dir: Path
-    ) -> dict[str, float]:
+    def finetune(self, name: str, chats: list[Chat], settings: SFTSettings, seed: int) -> dict[str, float]:
         with self.use(name) as model:
-            amp = _sft_precision(self.device, self.precision)
-            return train_sft(model, self.tokenizer, chats, settings, seed=seed, output_dir=output_dir, **amp)
+            hardware = {"use_cpu": self.device.type == "cpu", "bf16": self.precision == "bf16"}
+            return train_sft(model, self.tokenizer, chats, settings, seed=seed, **hardware)
 
     def state_dict(self, name: str) -> dict[str, torch.Tensor]:
         """A copy of the agent's own weights (its adapter's tensors, keys without the adapter name)."""
@@ -214,7 +205,7 @@ class LoraAgents:
         from safetensors.torch import save_file
 
         tmp = path.with_name(path.name + ".tmp")
-        save_file({k: v.detach().cpu().contiguous() for k, v in self.state_dict(name).items()}, str(tmp))
+        save_file(self.state_dict(name), str(tmp))
         os.replace(tmp, path)  # atomic: a file that exists is complete
 
     def load(self, name: str, path: Path) -> None:
@@ -228,10 +219,7 @@ class LoraAgents:
         result = set_peft_model_state_dict(self.model, state, adapter_name=name)
         missing = [k for k in result.missing_keys if "lora_" in k and f".{name}." in k]
         if result.unexpected_keys or missing:
-            raise ValueError(
-                f"adapter {name}: weights do not match (unexpected {result.unexpected_keys[:3]}, "
-                f"missing {missing[:3]})"
-            )
+            raise ValueError(f"adapter {name}: saved weights do not fit ({result.unexpected_keys[:2]}, {missing[:2]})")
 
 
 class FullCopies:
@@ -257,21 +245,21 @@ class FullCopies:
 
     @contextmanager
     def use(self, name: str | None) -> Iterator[nn.Module]:
+        """The agent's copy, or the untouched base (None)."""
         yield self.base if name is None else self.copies[name]
 
     def generate(
         self, name: str | None, chats: list[Chat], max_new_tokens: int, settings: GenerationSettings
     ) -> list[str]:
         with self.use(name) as model:
-            dtype = runtime.autocast_dtype(self.precision)
-            kwargs = {"batch_size": self.generation_batch_size, "device": self.device, "autocast_dtype": dtype}
-            return generate_chats(model, self.tokenizer, chats, max_new_tokens, settings, **kwargs)
+            hardware = {"device": self.device, "autocast_dtype": runtime.autocast_dtype(self.precision)}
+            batch = self.generation_batch_size
+            return generate_chats(model, self.tokenizer, chats, max_new_tokens, settings, batch_size=batch, **hardware)
 
-    def finetune(
-        self, name: str, chats: list[Chat], settings: SFTSettings, seed: int, output_dir: Path
-    ) -> dict[str, float]:
-        amp = _sft_precision(self.device, self.precision)
-        return train_sft(self.copies[name], self.tokenizer, chats, settings, seed=seed, output_dir=output_dir, **amp)
+    def finetune(self, name: str, chats: list[Chat], settings: SFTSettings, seed: int) -> dict[str, float]:
+        with self.use(name) as model:
+            hardware = {"use_cpu": self.device.type == "cpu", "bf16": self.precision == "bf16"}
+            return train_sft(model, self.tokenizer, chats, settings, seed=seed, **hardware)
 
     def state_dict(self, name: str) -> dict[str, torch.Tensor]:
         """A copy of the agent's weights."""

@@ -38,11 +38,44 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     start_time = time.perf_counter()
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    # 1. the config: every target and key checked, then compared with the folder's first start
     _validate(cfg)
     _check_same_run(cfg, run_dir)
+    # 2. MAFT (its values checked), then the model and the agents' weights, then the task's problems
+    store = RunStore(run_dir)
+    maft, train_problems, eval_problems = _build(cfg, store)
+    # 3. round 0 (the base agents), then each fine-tuning round, each followed by the held-out debate
+    maft.restore()
+    first = store.finished_rounds()
+    if first:
+        print(f"[maft] continuing {run_dir} at round {first}", flush=True)
+    logger = _make_logger(cfg, run_dir, store, resume_from=first)
+    try:
+        for k in range(first, maft.finetune_rounds + 1):
+            row = maft.finetune_round(k, train_problems) if k > 0 else {}
+            metrics, samples = maft.evaluate(k, eval_problems)
+            row |= metrics
+            logger.log(row, step=k)
+            logger.log_table("maft/debates", samples, step=k)
+            store.save_row(k, row)  # the marker that round k is finished
+            _print_round(k, row)
+    finally:
+        logger.close()
+
+    # 4. the summary and the curves
+    summary = _summary(cfg, store, maft, len(train_problems), len(eval_problems), time.perf_counter() - start_time)
+    write_json_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
+    from cory.maft.plots import plot_maft_curves
+
+    plot_maft_curves(run_dir / "metrics.jsonl", run_dir / "curves.png")
+    print(f"[maft] run folder: {run_dir}", flush=True)
+    return summary
+
+
+def _build(cfg: DictConfig, store: RunStore):
+    """The MAFT object with its agents on the configured device, and the training and held-out problems."""
     seed = runtime.seed_everything(cfg.seed, cfg.hardware.get("deterministic", False))
     device = runtime.resolve_device(cfg.hardware.device)
-    store = RunStore(run_dir)
     built: dict = {}
 
     def make_agents(names: list[str]):
@@ -65,31 +98,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     train_problems, eval_problems = task.train_problems(), task.eval_problems()[: cfg.get("num_eval")]
     _check(len(train_problems) > 0 or maft.finetune_rounds == 0, "task: no training problems to fine-tune on")
     _check(len(eval_problems) > 0, "task: no held-out problems to evaluate on")
-
-    maft.restore()
-    first = store.finished_rounds()
-    if first:
-        print(f"[maft] continuing {run_dir} at round {first}", flush=True)
-    logger = _make_logger(cfg, run_dir, store, resume_from=first)
-    try:
-        for k in range(first, maft.finetune_rounds + 1):
-            row = maft.finetune_round(k, train_problems) if k > 0 else {}
-            metrics, samples = maft.evaluate(k, eval_problems)
-            row |= metrics
-            logger.log(row, step=k)
-            logger.log_table("maft/debates", samples, step=k)
-            store.save_row(k, row)  # the marker that round k is finished
-            _print_round(k, row)
-    finally:
-        logger.close()
-
-    summary = _summary(cfg, store, maft, len(train_problems), len(eval_problems), time.perf_counter() - start_time)
-    write_json_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
-    from cory.maft.plots import plot_maft_curves
-
-    plot_maft_curves(run_dir / "metrics.jsonl", run_dir / "curves.png")
-    print(f"[maft] run folder: {run_dir}", flush=True)
-    return summary
+    return maft, train_problems, eval_problems
 
 
 def _check(ok: bool, message: str) -> None:

@@ -16,8 +16,8 @@ the other adapters) or every weight of a full copy. TRL is imported lazily: it c
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 from torch import nn
 from transformers import PreTrainedTokenizerBase
@@ -97,21 +97,22 @@ def sft_trainer(
     settings: SFTSettings,
     *,
     seed: int,
-    output_dir: Path,
+    output_dir: str,
     use_cpu: bool,
     bf16: bool,
 ):
     """TRL's `SFTTrainer` over `chats`, tokenised here with their assistant masks (labels are -100 elsewhere).
 
     `seed` fixes the data order and dropout, so a restarted run retrains an agent exactly as the first start did.
-    Nothing is written to `output_dir` (no checkpoints, no reports); the caller saves the weights it needs.
+    `use_cpu`/`bf16` follow the hardware group (TRL's bf16 default fails on a CPU). Nothing is saved in
+    `output_dir` (no checkpoints, no reports); the caller saves the weights it needs.
     """
     import datasets
     from trl import SFTConfig, SFTTrainer
 
     rows = [dict(zip(("input_ids", "assistant_masks"), chat_tokens(tokenizer, chat))) for chat in chats]
     args = SFTConfig(
-        output_dir=str(output_dir),
+        output_dir=output_dir,
         num_train_epochs=settings.epochs,
         learning_rate=settings.learning_rate,
         per_device_train_batch_size=settings.batch_size,
@@ -124,7 +125,7 @@ def sft_trainer(
         seed=seed,
         data_seed=seed,
         use_cpu=use_cpu,
-        bf16=bf16,  # TRL's default (True) fails on a CPU
+        bf16=bf16,
         report_to="none",
         save_strategy="no",
         logging_strategy="no",
@@ -146,14 +147,20 @@ def train_sft(
     tokenizer: PreTrainedTokenizerBase,
     chats: list[Chat],
     settings: SFTSettings,
-    **kwargs,
+    *,
+    seed: int,
+    use_cpu: bool,
+    bf16: bool,
 ) -> dict[str, float]:
-    """Fine-tune `model`'s trainable parameters on `chats` (`sft_trainer`'s keyword arguments); loss and sizes."""
+    """Fine-tune `model`'s trainable parameters on `chats`; returns the mean loss and the data's size."""
     from transformers import PrinterCallback
 
-    trainer = sft_trainer(model, tokenizer, chats, settings, **kwargs)
-    trainer.remove_callback(PrinterCallback)  # it prints the final statistics; they are returned instead
-    result = trainer.train()
+    with tempfile.TemporaryDirectory() as scratch:
+        trainer = sft_trainer(
+            model, tokenizer, chats, settings, seed=seed, output_dir=scratch, use_cpu=use_cpu, bf16=bf16
+        )
+        trainer.remove_callback(PrinterCallback)  # it prints the final statistics; they are returned instead
+        result = trainer.train()
     model.eval()
     return {
         "loss": float(result.training_loss),
