@@ -43,7 +43,8 @@ OPTIONS = [(g, o) for g, opts in GROUPS.items() for o in opts]
 def test_the_lists_above_cover_every_file():
     """A config file added later without a test here fails this test, not silently nothing."""
     for group, options in GROUPS.items():
-        assert sorted(options) == sorted(p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml")), group
+        files = {p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml")} - {"maft"}  # tests/test_maft_runner.py
+        assert sorted(options) == sorted(files), group
 
 
 def _kwargs(node: DictConfig) -> dict:

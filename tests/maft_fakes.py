@@ -1,0 +1,100 @@
+"""Test doubles for the Multiagent Finetuning tests: an arithmetic task, a chat template, a composed config and a
+scripted agent pool that answers without a model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from conftest import compose_cfg
+from omegaconf import DictConfig, OmegaConf
+
+from cory.maft.debate import Chat
+from cory.models import build_tiny_gpt2
+from cory.problems import Problem, arithmetic_problems, split_disjoint
+
+# A minimal chat template for the in-memory byte tokenizer (which has none): role tags, EOS closes every turn.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}<|endoftext|>{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+def tiny_gpt2_that_writes_digits(n_positions: int = 1024, boost: float = 3.0):
+    """The tiny random GPT-2 with the logits of "1" and "2" raised by boost² (a bias on one hidden unit): its answers
+    are numbers made of 1s and 2s, so with two new tokens agents often agree, votes exist and every agent gets data."""
+    model, tokenizer = build_tiny_gpt2(n_positions=n_positions)
+    digits = tokenizer.convert_tokens_to_ids(["1", "2"])
+    with torch.no_grad():
+        model.transformer.ln_f.bias[0] += boost
+        model.lm_head.weight[digits, 0] += boost  # tied with the input embedding; harmless here
+    return model, tokenizer
+
+
+class ArithmeticProblems:
+    """A task that only provides problems, as the reasoning tasks do (`train_problems` / `eval_problems`)."""
+
+    def __init__(self, tokenizer=None, num_train: int = 6, num_eval: int = 4, seed: int = 0, name: str = "arith"):
+        problems = arithmetic_problems(num_train + num_eval, seed, terms=(2, 2), digits=(1, 1), operators="+")
+        self.name = name
+        self._train, self._eval = split_disjoint(problems[:num_train], problems[num_train:])
+
+    def train_problems(self) -> list[Problem]:
+        return list(self._train)
+
+    def eval_problems(self) -> list[Problem]:
+        return list(self._eval)
+
+
+def maft_cfg(tmp_path: Path, overrides: list[str] | None = None, **task) -> DictConfig:
+    """`algorithm=maft` on the tiny GPT-2 with the byte tokenizer's chat template and `ArithmeticProblems`."""
+    cfg = compose_cfg(
+        [
+            "~experiment",
+            "algorithm=maft",
+            "hardware=cpu",
+            "progress=false",
+            f"cache_dir={tmp_path / 'cache'}",
+            "num_eval=null",
+            "algorithm.num_agents=2",
+            "algorithm.embedding_diversity=false",
+            "algorithm.generation.max_new_tokens=2",
+            "algorithm.generation.summary_max_new_tokens=12",
+            "algorithm.sft.learning_rate=1e-2",
+            "algorithm.sft.batch_size=4",
+            "algorithm.sft.max_length=1024",
+            *(overrides or []),
+        ]
+    )
+    OmegaConf.update(cfg, "algorithm.agent_models.chat_template", CHAT_TEMPLATE)
+    cfg.task = OmegaConf.create({"_target_": "maft_fakes.ArithmeticProblems", **task})
+    cfg.model = OmegaConf.create({"_target_": "maft_fakes.tiny_gpt2_that_writes_digits"})
+    return cfg
+
+
+class ScriptedPool:
+    """An agent pool without a model: `answer(name, chat)` writes each response; every call is recorded."""
+
+    def __init__(self, names: list[str], answer) -> None:
+        self.names, self.answer = names, answer
+        self.calls: list[tuple[str | None, list[Chat]]] = []
+        self.finetuned: dict[str, list[Chat]] = {}
+        self.resets: list[str] = []
+
+    def generate(self, name, chats, max_new_tokens, settings) -> list[str]:
+        self.calls.append((name, chats))
+        return [self.answer(name, chat) for chat in chats]
+
+    def finetune(self, name, chats, settings, seed) -> dict[str, float]:
+        self.finetuned[name] = chats
+        return {"loss": 1.0, "examples": float(len(chats))}
+
+    def reset(self, name) -> None:
+        self.resets.append(name)
+
+    def save(self, name, path) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(name)
+
+    def load(self, name, path) -> None:
+        pass
