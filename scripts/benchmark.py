@@ -172,7 +172,7 @@ def run_child(root: Path, algorithm: str, args: argparse.Namespace, overrides: l
         *(["--threads", str(args.threads)] if args.threads else []),
         *overrides,
     ]
-    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True)  # the caller's folder: relative paths keep meaning
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
         fail(f"the {algorithm} run under {root} failed (exit {proc.returncode}); its output is above")
