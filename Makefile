@@ -41,7 +41,7 @@ test-all: install  ## every test, GPU ones included when CUDA is present
 	.venv-trl/bin/pip install torch==2.13.0 "transformers>=5.24,<5.40" trl==0.11.4 pytest
 	touch $@
 
-parity: .venv-trl/.installed  ## our PPO update vs TRL 0.11.4's PPOTrainer.step (builds .venv-trl once: ~2 min)
+parity: .venv-trl/.installed  ## our PPO update vs TRL 0.11.4's PPOTrainer.step (builds .venv-trl once: 2-4 min)
 	PYTHONPATH=. .venv-trl/bin/python scripts/check_trl_parity.py --extra --out outputs/trl_parity.json
 	PYTHONPATH=. .venv-trl/bin/python -m pytest -q tests/test_trl_parity.py
 
