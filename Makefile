@@ -5,7 +5,7 @@ export HF_DATASETS_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: help install run smoke test test-fast test-all lint format clean
+.PHONY: help install run smoke test test-fast test-all parity lint format clean
 
 help:  ## show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
@@ -34,6 +34,16 @@ test-fast: install  ## everything but the slow learning tests
 
 test-all: install  ## every test, GPU ones included when CUDA is present
 	WANDB_MODE=disabled $(PY) -m pytest -q
+
+# TRL 0.11.4 (the oracle of our PPO update) cannot live beside trl 1.16 in .venv: it gets its own venv
+.venv-trl/.installed:
+	python3 -m venv .venv-trl
+	.venv-trl/bin/pip install torch==2.13.0 "transformers>=5.24,<5.40" trl==0.11.4 pytest
+	touch $@
+
+parity: .venv-trl/.installed  ## our PPO update vs TRL 0.11.4's PPOTrainer.step (builds .venv-trl once: 2-4 min)
+	PYTHONPATH=. .venv-trl/bin/python scripts/check_trl_parity.py --extra --out outputs/trl_parity.json
+	PYTHONPATH=. .venv-trl/bin/python -m pytest -q tests/test_trl_parity.py
 
 lint: install  ## ruff check + format check
 	$(PY) -m ruff check .

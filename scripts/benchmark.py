@@ -1,19 +1,35 @@
-"""Time one PPO and one CORY iteration on the same config; the target is CORY ≤ 2.2× PPO.
+"""Seconds per iteration of PPO and CORY on the same config, each run in its own process, as one JSON object.
 
     python scripts/benchmark.py                                   # experiment=smoke, 3 timed iterations
-    python scripts/benchmark.py --iterations 3 model=smollm2_135m task=imdb experiment=quickstart
+    python scripts/benchmark.py --iterations 3 experiment=quickstart
+    python scripts/benchmark.py --repeat 3 experiment=bench_gpt2_small \
+        model.name_or_path=$(python scripts/make_gpt2_small.py)
+    python scripts/benchmark.py --repeat 3 --compare-ref main ...          # this checkout against commit `main`
 
-Each algorithm runs `cory.train.train` in its own subprocess (peak memory is per process: `ru_maxrss` on a
-CPU never goes down, CUDA's peak is per process too) for `warmup + iterations` iterations with evaluation
-and checkpoints kept to the minimum; the first `warmup` iterations are not timed. Prints one JSON object:
-seconds per iteration with its generate/learn split, peak memory (MiB), and the CORY/PPO ratio, split into
-the ratio of tokens processed (`train/<agent>/tokens`, summed over agents) and the ratio of cost per token.
+Each run is `cory.train.train` for `warmup + iterations` iterations in a fresh subprocess (peak memory is per
+process: `ru_maxrss` never goes down on a CPU, CUDA's peak is per process too), in a temporary run folder that
+is deleted afterwards, with no intermediate evaluation, a 2-prompt held-out set and `save_every=0` (no
+checkpoint). The first `warmup` iterations of each run are not timed. `--repeat N` runs PPO, CORY, PPO, CORY, …
+so that a slow spell of a shared machine hits both; `--compare-ref GITREF` also runs the code of that commit
+(exported with `git archive` to a temporary folder, same interpreter, same overrides) right after each run of
+this checkout: PPO here, PPO at GITREF, CORY here, CORY at GITREF, … That is how before/after numbers are
+measured in one session.
+
+Output, per algorithm (`ppo`, `cory`; under `ref` for GITREF's runs): `s_per_iter` is the **median** over all
+timed iterations of all repeats, with `s_per_iter_mean`, `s_per_iter_min`, `s_per_iter_max`,
+`s_per_iter_per_repeat` (each repeat's median) and the raw `iteration_s` (one list per repeat);
+`generate_s`/`learn_s` split the median iteration(s); `tokens_per_iter` (prompt + response tokens of every
+forward, summed over agents: `train/<agent>/tokens`) and `ms_per_token`; `peak_mb` (largest over repeats);
+`checkpoint_mb` (what the run wrote under `checkpoints/`). At the top: `ratio` = CORY/PPO median s/iter, split
+into `token_ratio × cost_per_token_ratio`; with `--compare-ref`, `vs_ref` = this checkout's s/iter ÷ GITREF's.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -21,113 +37,234 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CONF_DIR = str(ROOT / "conf")
-TARGET_RATIO = 2.2
+TARGET_RATIO = 2.2  # an earlier CORY/PPO cost target (on the tiny model), kept as information
+ALGORITHMS = ("ppo", "cory")
 # benchmark-only settings: no intermediate evaluation or checkpoint, the smallest held-out set, no progress bar
 BENCH_OVERRIDES = ["eval_every=0", "save_every=0", "num_eval=2", "progress=false"]
 
 
-def compose(overrides: list[str], hydra_config: bool = False):
+def compose(conf_dir: Path, overrides: list[str], hydra_config: bool = False):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    with initialize_config_dir(version_base="1.3", config_dir=CONF_DIR):
+    with initialize_config_dir(version_base="1.3", config_dir=str(conf_dir)):
         return hydra_compose("train", overrides=overrides, return_hydra_config=hydra_config)
 
 
-def child(algorithm: str, total: int, warmup: int, overrides: list[str], threads: int | None) -> dict:
-    """Runs in the subprocess: train for `total` iterations, return the timed iterations' means."""
+# ---------------------------------------------------------------------------------------------------------------------
+# the measured process
+# ---------------------------------------------------------------------------------------------------------------------
+def child(root: Path, algorithm: str, total: int, warmup: int, overrides: list[str], threads: int | None) -> dict:
+    """Train `total` iterations with the code and configs under `root`; the timed iterations' raw numbers."""
+    sys.path.insert(0, str(root))
     import torch
 
+    import cory
     from cory.train import train
 
+    if Path(cory.__file__).resolve().parents[1] != root.resolve():
+        raise RuntimeError(f"imported cory from {cory.__file__}, expected {root}")
     if threads:
         torch.set_num_threads(threads)
-    cfg = compose([*overrides, f"algorithm={algorithm}", f"iterations={total}"])
+    cfg = compose(root / "conf", [*overrides, f"algorithm={algorithm}", f"iterations={total}"])
     with tempfile.TemporaryDirectory(prefix=f"cory-bench-{algorithm}-") as run_dir:
         train(cfg, Path(run_dir))
         rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+        written = sum(f.stat().st_size for f in (Path(run_dir) / "checkpoints").rglob("*") if f.is_file())
     rows = [r for r in rows if "time/iteration_s" in r]
     timed = rows[warmup:] or rows[-1:]
-
-    def mean(key: str) -> float:
-        return statistics.fmean(r[key] for r in timed)
-
-    # tokens every forward/backward of the iteration processes, summed over agents (`train/<agent>/tokens`)
-    tokens = statistics.fmean(
-        sum(v for k, v in r.items() if k.startswith("train/") and k.endswith("/tokens")) for r in timed
-    )
-    s_per_iter = mean("time/iteration_s")
     return {
-        "s_per_iter": s_per_iter,
-        "tokens_per_iter": tokens,
-        "ms_per_token": 1000 * s_per_iter / tokens,
-        "generate_s": mean("time/generate_s"),
-        "learn_s": mean("time/learn_s"),
+        "iteration_s": [r["time/iteration_s"] for r in timed],
+        "generate_s": [r["time/generate_s"] for r in timed],
+        "learn_s": [r["time/learn_s"] for r in timed],
+        # tokens every forward/backward of the iteration processes, summed over agents
+        "tokens": [sum(v for k, v in r.items() if k.startswith("train/") and k.endswith("/tokens")) for r in timed],
         "peak_mb": max(r["memory/peak_mb"] for r in rows),
-        "timed_iterations": len(timed),
+        "checkpoint_mb": written / 2**20,
     }
 
 
-def main() -> None:
+# ---------------------------------------------------------------------------------------------------------------------
+# pure helpers: run order and statistics
+# ---------------------------------------------------------------------------------------------------------------------
+def schedule(repeat: int, sides: list[str]) -> list[tuple[str, str]]:
+    """Run order as (side, algorithm): each repeat runs PPO then CORY, every side right after the other."""
+    return [(side, algorithm) for _ in range(repeat) for algorithm in ALGORITHMS for side in sides]
+
+
+def summarise(runs: list[dict]) -> dict:
+    """Statistics of one algorithm over its repeats (`runs`: one `child` result per repeat)."""
+    times = [t for run in runs for t in run["iteration_s"]]
+    generate = [g for run in runs for g in run["generate_s"]]
+    learn = [x for run in runs for x in run["learn_s"]]
+    tokens = [n for run in runs for n in run["tokens"]]
+    # the generate/learn split of the median iteration (the mean of the two middle ones for an even count),
+    # so that generate_s + learn_s <= s_per_iter holds as it does for every single iteration
+    order = sorted(range(len(times)), key=times.__getitem__)
+    middle = order[(len(order) - 1) // 2 : len(order) // 2 + 1]
+    s_per_iter = statistics.median(times)
+    tokens_per_iter = statistics.fmean(tokens)
+    return {
+        "s_per_iter": s_per_iter,
+        "s_per_iter_mean": statistics.fmean(times),
+        "s_per_iter_min": min(times),
+        "s_per_iter_max": max(times),
+        "s_per_iter_per_repeat": [statistics.median(run["iteration_s"]) for run in runs],
+        "iteration_s": [run["iteration_s"] for run in runs],
+        "tokens_per_iter": tokens_per_iter,
+        "ms_per_token": 1000 * s_per_iter / tokens_per_iter,
+        "generate_s": statistics.fmean(generate[i] for i in middle),
+        "learn_s": statistics.fmean(learn[i] for i in middle),
+        "peak_mb": max(run["peak_mb"] for run in runs),
+        "peak_mb_per_repeat": [run["peak_mb"] for run in runs],
+        "checkpoint_mb": max(run["checkpoint_mb"] for run in runs),
+        "timed_iterations": len(times),
+    }
+
+
+def compare(ppo: dict, cory: dict) -> dict:
+    """CORY against PPO: the time ratio and its split into tokens processed × cost per token."""
+    ratio = cory["s_per_iter"] / ppo["s_per_iter"]
+    return {
+        "ratio": ratio,
+        "token_ratio": cory["tokens_per_iter"] / ppo["tokens_per_iter"],
+        "cost_per_token_ratio": cory["ms_per_token"] / ppo["ms_per_token"],
+        "target_ratio": TARGET_RATIO,
+        "meets_target": ratio <= TARGET_RATIO,
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the parent: run the children in order, print one JSON object
+# ---------------------------------------------------------------------------------------------------------------------
+def fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def export_ref(gitref: str, dest: Path) -> str:
+    """Write the tree of `gitref` to `dest` (`git archive`: no worktree, nothing changes in this checkout)."""
+    try:
+        commit = git("rev-parse", "--verify", f"{gitref}^{{commit}}")
+    except (OSError, subprocess.CalledProcessError):
+        fail(f"--compare-ref {gitref}: not a commit of the git checkout at {ROOT}")
+    archive = subprocess.run(["git", "archive", commit], cwd=ROOT, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return commit
+
+
+def run_child(root: Path, algorithm: str, args: argparse.Namespace, overrides: list[str]) -> dict:
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        algorithm,
+        "--root",
+        str(root),
+        "--warmup",
+        str(args.warmup),
+        "--iterations",
+        str(args.iterations),
+        *(["--threads", str(args.threads)] if args.threads else []),
+        *overrides,
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True)  # the caller's folder: relative paths keep meaning
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
+        fail(f"the {algorithm} run under {root} failed (exit {proc.returncode}); its output is above")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "--iterations", type=int, default=None, help="timed iterations (default: an `iterations=N` override, else 3)"
+        "--iterations",
+        type=int,
+        default=None,
+        help="timed iterations per run (default: an `iterations=N` override, else 3)",
     )
     parser.add_argument("--warmup", type=int, default=1, help="untimed iterations before them (default 1)")
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="runs per algorithm, interleaved PPO, CORY, … (default 1)"
+    )
+    parser.add_argument("--compare-ref", metavar="GITREF", help="also run the code of this commit, interleaved")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    parser.add_argument("--child", choices=["ppo", "cory"], help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=ALGORITHMS, help=argparse.SUPPRESS)
+    parser.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides (default experiment=smoke)")
-    args = parser.parse_args()
-
-    overrides = [o for o in args.overrides if not o.startswith(("iterations=", "algorithm="))]
+    args = parser.parse_args(argv)
     given = [int(o.split("=", 1)[1]) for o in args.overrides if o.startswith("iterations=")]
-    iterations = args.iterations or (given[-1] if given else 3)
+    args.iterations = args.iterations or (given[-1] if given else 3)
+    if args.repeat < 1 or args.iterations < 1 or args.warmup < 0:
+        parser.error("--repeat and --iterations must be >= 1, --warmup >= 0")
+    overrides = [o for o in args.overrides if not o.startswith(("iterations=", "algorithm="))]
     if not any(o.startswith("experiment=") for o in overrides):
         overrides.insert(0, "experiment=smoke")
-    overrides = [*overrides[:1], *BENCH_OVERRIDES, *overrides[1:]]  # the user's overrides win
-    total = args.warmup + iterations
+    args.overrides = [*overrides[:1], *BENCH_OVERRIDES, *overrides[1:]]  # the user's overrides win
+    return args
 
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     if args.child:  # the measured process
-        print(json.dumps(child(args.child, total, args.warmup, overrides, args.threads)))
+        total = args.warmup + args.iterations
+        print(json.dumps(child(args.root, args.child, total, args.warmup, args.overrides, args.threads)))
         return
 
-    cfg = compose(overrides, hydra_config=True)
-    result = {
+    cfg = compose(ROOT / "conf", args.overrides, hydra_config=True)
+    result: dict = {
         "model": cfg.hydra.runtime.choices.get("model"),
         "task": cfg.hydra.runtime.choices.get("task"),
         "device": cfg.hardware.device,
         "batch_size": cfg.batch_size,
-        "iterations": iterations,
+        "iterations": args.iterations,
         "warmup": args.warmup,
+        "repeat": args.repeat,
+        "threads": args.threads,
+        "overrides": args.overrides,
+        "commit": _describe_checkout(),
     }
-    for algorithm in ("ppo", "cory"):
-        cmd = [
-            sys.executable,
-            str(Path(__file__).resolve()),
-            "--child",
-            algorithm,
-            "--warmup",
-            str(args.warmup),
-            "--iterations",
-            str(iterations),
-            *(["--threads", str(args.threads)] if args.threads else []),
-            *overrides,
-        ]
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-        if proc.returncode != 0:
-            sys.stderr.write(proc.stdout + proc.stderr)
-            sys.exit(f"benchmark: the {algorithm} run failed (exit {proc.returncode})")
-        result[algorithm] = json.loads(proc.stdout.strip().splitlines()[-1])
-    result["ratio"] = result["cory"]["s_per_iter"] / result["ppo"]["s_per_iter"]
-    # how much of the ratio is the method's extra tokens (the observer's longer prompt) and how much is cost per token
-    result["token_ratio"] = result["cory"]["tokens_per_iter"] / result["ppo"]["tokens_per_iter"]
-    result["cost_per_token_ratio"] = result["cory"]["ms_per_token"] / result["ppo"]["ms_per_token"]
-    result["target_ratio"] = TARGET_RATIO
-    result["meets_target"] = result["ratio"] <= TARGET_RATIO
+    ref_dir = Path(tempfile.mkdtemp(prefix="cory-bench-ref-")) if args.compare_ref else None
+    try:
+        roots = {"here": ROOT}
+        if ref_dir is not None:
+            ref = {"gitref": args.compare_ref, "commit": export_ref(args.compare_ref, ref_dir)}
+            roots["ref"] = ref_dir
+        order = schedule(args.repeat, list(roots))
+        result["order"] = [f"{algorithm}:{side}" for side, algorithm in order]
+        runs: dict[tuple[str, str], list[dict]] = {(s, a): [] for s in roots for a in ALGORITHMS}
+        for n, (side, algorithm) in enumerate(order, start=1):
+            run = run_child(roots[side], algorithm, args, args.overrides)
+            runs[side, algorithm].append(run)
+            median = statistics.median(run["iteration_s"])
+            print(f"[benchmark] {n}/{len(order)} {algorithm} ({side}): {median:.3f} s/iter", file=sys.stderr)
+    finally:
+        if ref_dir is not None:
+            shutil.rmtree(ref_dir, ignore_errors=True)
+    for side in roots:
+        stats = {a: summarise(runs[side, a]) for a in ALGORITHMS}
+        stats |= compare(stats["ppo"], stats["cory"])
+        if side == "here":
+            result |= stats
+        else:
+            result["ref"] = ref | stats
+            result["vs_ref"] = {a: result[a]["s_per_iter"] / stats[a]["s_per_iter"] for a in ALGORITHMS}
     print(json.dumps(result, indent=2))
 
 
+def _describe_checkout() -> str | None:
+    """HEAD's commit, with `+dirty` when tracked files differ from it (the benchmark times the working tree)."""
+    try:
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+        return git("rev-parse", "HEAD") + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     main()

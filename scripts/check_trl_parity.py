@@ -1,25 +1,46 @@
 """Numerical parity of `cory.agent.Agent.learn` with TRL 0.11.4's `PPOTrainer.step` (docs/method.md §2).
 
-TRL ≥ 0.12 has no step-API PPO, so the oracle lives in its own virtual environment:
+TRL ≥ 0.12 has no step-API PPO, so the oracle lives in its own virtual environment. `make parity` builds it
+once and runs this script and tests/test_trl_parity.py; by hand:
 
     python3 -m venv .venv-trl
     .venv-trl/bin/pip install torch==2.13.0 "transformers>=5.24,<5.40" trl==0.11.4 pytest
-    HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=disabled \
-        PYTHONPATH=. .venv-trl/bin/python scripts/check_trl_parity.py
+    PYTHONPATH=. .venv-trl/bin/python scripts/check_trl_parity.py --extra --out outputs/trl_parity.json
+    PYTHONPATH=. .venv-trl/bin/python -m pytest -q tests/test_trl_parity.py
 
-Both learners start from the same tiny random GPT-2 (`cory.models.build_tiny_gpt2`) and the same value-head
-weights, see the same fixed query/response tokens and scores, and draw minibatch permutations from the same
-numpy seed. After every step the script compares every policy and value-head parameter, the KL coefficient
-and the step statistics, prints a JSON report and exits non-zero when a case fails.
+Both learners start from the same tiny random GPT-2 and value head, see the same query/response tokens and
+scores, and draw minibatch permutations from the same numpy seed. After every step the script compares every
+policy and value-head parameter, the KL coefficient and the step statistics, prints a JSON report and exits
+non-zero when a case fails. Everything random is seeded, so two runs print the same numbers: the model
+(`build_tiny_gpt2(model_seed)`), TRL's value head (drawn from torch's global RNG when
+`AutoModelForCausalLMWithValueHead` is built: the global RNG is seeded right before, and ours gets a copy of
+its weights), the reference perturbation, the data and the sampled responses.
 
-TRL 0.11.4's own bug worked around here: `RunningMoments.update` stores `mean`/`std` as python floats, while
-`PPOTrainer.step` calls `self.running.std.to(...)` on them (AttributeError whenever `use_score_scaling=True`).
-The script re-exposes them as 0-d float64 tensors between updates; the update arithmetic is TRL's own.
+What the cases exercise beyond the three minibatch layouts of the `full` and `kl` penalties:
+- a reference that differs from the policy at step 1 (`ref_noise`: seeded Gaussian noise on π0's weights), so
+  the KL, its penalty and the `abs` and `mse` estimators are non-zero from the first step;
+- a peaked model (`peak`: the final layer norm scaled, so next-token entropy is about 1.4 nats instead of the
+  5.5 of a near-uniform random model) with responses sampled from it, so entropy and KL statistics are
+  tested on realistic distributions;
+- score scaling, normalisation and clipping, `whiten_rewards`, the ratio threshold, `max_grad_norm`, early
+  stopping (`--extra`).
+
+TRL 0.11.4 behaviour the cases are built around (docs/method.md §4; README implementation notes):
+- `RunningMoments.update` stores python floats that `step` then calls `.to()` on (AttributeError whenever
+  `use_score_scaling=True`): the script re-exposes them as 0-d float64 tensors; the arithmetic is TRL's.
+- `max_grad_norm`: TRL clips through a `filter` iterator that its first clip consumes, so only the first
+  optimiser step of a trainer's life is clipped. The case has exactly one optimiser step, where TRL's
+  behaviour is the documented one; a tiny norm (1e-6) makes the clipped update differ from the unclipped one
+  even through Adam's normalisation.
+- `whiten_rewards`: TRL whitens the padded positions too, and the then non-zero rewards of the padding after a
+  shorter sequence leak into its advantages; ours keeps padding at 0. The case gives every sample the same
+  query + response length, where no padding follows a response and the two definitions coincide.
 
 Tolerances: 1e-5 absolute on every parameter except the attention key bias; 1e-4 relative (1e-6 absolute
 floor) on statistics. The key bias (the middle third of each `attn.c_attn.bias`) has an analytically zero
 gradient, since softmax ignores a constant added to every score of a query row; its gradient is pure float
-noise, which Adam's normalisation turns into steps of up to ~lr, so it is compared separately at 1e-4.
+noise, which Adam's normalisation turns into steps of up to ~lr, so it is compared separately at 1e-4 (at
+1e-3 for the peaked model, see PEAKED_KEY_BIAS_TOL).
 
 `run_case(**settings) -> dict` is importable (tests/test_trl_parity.py loads this file by path).
 """
@@ -44,8 +65,8 @@ for _k, _v in {
 
 TRL_VERSION_PREFIX = "0.11."
 INSTALL_HINT = (
-    "install trl==0.11.4 in a separate venv: python3 -m venv .venv-trl && "
-    '.venv-trl/bin/pip install torch==2.13.0 "transformers>=5.24,<5.40" trl==0.11.4 pytest; then run '
+    "run `make parity`, which builds .venv-trl with trl==0.11.4 and runs the check; or by hand: python3 -m venv "
+    '.venv-trl && .venv-trl/bin/pip install torch==2.13.0 "transformers>=5.24,<5.40" trl==0.11.4 pytest; then '
     "PYTHONPATH=. .venv-trl/bin/python scripts/check_trl_parity.py (trl>=0.12 has no PPOTrainer.step)"
 )
 
@@ -65,57 +86,82 @@ STAT_PAIRS = [
     ("ppo/policy/entropy", "train_entropy"),
     ("ppo/val/clipfrac", "value_clipfrac"),
 ]
+# our learner's names → TRL's PPOConfig names where they differ
+TRL_NAMES = {"adaptive_kl": "adap_kl_ctrl", "kl_target": "target", "kl_horizon": "horizon"}
+LAYOUT_8_2_2 = {"batch_size": 8, "mini_batch_size": 2, "gradient_accumulation_steps": 2}
+LAYOUT_8_4_1 = {"batch_size": 8, "mini_batch_size": 4, "gradient_accumulation_steps": 1}
+LAYOUT_8_8_1 = {"batch_size": 8, "mini_batch_size": 8, "gradient_accumulation_steps": 1}
+REF_NOISE = 0.05  # std of the noise added to π0's weights (initial weights have std 0.02)
+PEAK = 20.0  # final-layer-norm scale of the peaked model: next-token entropy ≈ 1.4 nats instead of ≈ 5.5
+# The peaked model's larger activations make the key bias's float-noise gradient (~1e-9, against ~1e-2 for the
+# query bias) comparable to Adam's ε = 1e-8, so Adam turns noise into steps of a sizeable fraction of lr: there
+# the key bias is compared at lr (1e-3; measured 7.8e-4 after 3 steps), every other parameter still at 1e-5.
+PEAKED_KEY_BIAS_TOL = 1e-3
 
 DEFAULT_CASES: list[dict] = [
-    {
-        "name": "full_8-8-1",
-        "kl_penalty": "full",
-        "batch_size": 8,
-        "mini_batch_size": 8,
-        "gradient_accumulation_steps": 1,
-    },
-    {
-        "name": "full_8-2-2",
-        "kl_penalty": "full",
-        "batch_size": 8,
-        "mini_batch_size": 2,
-        "gradient_accumulation_steps": 2,
-    },
-    {
-        "name": "full_8-4-1",
-        "kl_penalty": "full",
-        "batch_size": 8,
-        "mini_batch_size": 4,
-        "gradient_accumulation_steps": 1,
-    },
-    {"name": "kl_8-8-1", "kl_penalty": "kl", "batch_size": 8, "mini_batch_size": 8, "gradient_accumulation_steps": 1},
-    {"name": "kl_8-2-2", "kl_penalty": "kl", "batch_size": 8, "mini_batch_size": 2, "gradient_accumulation_steps": 2},
-    {"name": "kl_8-4-1", "kl_penalty": "kl", "batch_size": 8, "mini_batch_size": 4, "gradient_accumulation_steps": 1},
+    {"name": "full_8-8-1", "kl_penalty": "full", **LAYOUT_8_8_1},
+    {"name": "full_8-2-2", "kl_penalty": "full", **LAYOUT_8_2_2},
+    {"name": "full_8-4-1", "kl_penalty": "full", **LAYOUT_8_4_1},
+    {"name": "kl_8-8-1", "kl_penalty": "kl", **LAYOUT_8_8_1},
+    {"name": "kl_8-2-2", "kl_penalty": "kl", **LAYOUT_8_2_2},
+    {"name": "kl_8-4-1", "kl_penalty": "kl", **LAYOUT_8_4_1},
     {
         "name": "full_8-4-1_scorenorm",
         "kl_penalty": "full",
-        "batch_size": 8,
-        "mini_batch_size": 4,
-        "gradient_accumulation_steps": 1,
+        **LAYOUT_8_4_1,
         "use_score_scaling": True,
         "use_score_norm": True,
     },
+    {"name": "kl_8-2-2_scorescale", "kl_penalty": "kl", **LAYOUT_8_2_2, "use_score_scaling": True},
+    {"name": "full_8-2-2_ratio_threshold", "kl_penalty": "full", **LAYOUT_8_2_2, "ratio_threshold": 1.0001},
+    # the reference differs from the policy at step 1: non-zero KL, penalty and estimators from the start
+    {"name": "full_8-4-1_ref_differs", "kl_penalty": "full", **LAYOUT_8_4_1, "ref_noise": REF_NOISE},
+    {"name": "kl_8-2-2_ref_differs", "kl_penalty": "kl", **LAYOUT_8_2_2, "ref_noise": REF_NOISE},
+    {"name": "abs_8-4-1_ref_differs", "kl_penalty": "abs", **LAYOUT_8_4_1, "ref_noise": REF_NOISE},
+    {"name": "mse_8-2-2_ref_differs", "kl_penalty": "mse", **LAYOUT_8_2_2, "ref_noise": REF_NOISE},
+    # peaked distributions, responses sampled from the model
     {
-        "name": "kl_8-2-2_scorescale",
-        "kl_penalty": "kl",
-        "batch_size": 8,
-        "mini_batch_size": 2,
-        "gradient_accumulation_steps": 2,
-        "use_score_scaling": True,
-        "use_score_norm": False,
+        "name": "full_8-4-1_peaked",
+        "kl_penalty": "full",
+        **LAYOUT_8_4_1,
+        "peak": PEAK,
+        "sampled_responses": True,
+        "ref_noise": REF_NOISE,
+        "key_bias_tol": PEAKED_KEY_BIAS_TOL,
     },
     {
-        "name": "full_8-2-2_ratio_threshold",
+        "name": "kl_8-8-1_peaked",
+        "kl_penalty": "kl",
+        **LAYOUT_8_8_1,
+        "peak": PEAK,
+        "sampled_responses": True,
+        "key_bias_tol": PEAKED_KEY_BIAS_TOL,
+    },
+    # score clipping alone and after normalisation; whitened rewards; gradient-norm clipping (one step)
+    {"name": "kl_8-8-1_score_clip", "kl_penalty": "kl", **LAYOUT_8_8_1, "score_clip": 1.0, "ref_noise": REF_NOISE},
+    {
+        "name": "full_8-2-2_scorenorm_clip",
         "kl_penalty": "full",
-        "batch_size": 8,
-        "mini_batch_size": 2,
-        "gradient_accumulation_steps": 2,
-        "ratio_threshold": 1.0001,
+        **LAYOUT_8_2_2,
+        "use_score_scaling": True,
+        "use_score_norm": True,
+        "score_clip": 0.5,
+    },
+    {
+        "name": "full_8-4-1_whiten_rewards",
+        "kl_penalty": "full",
+        **LAYOUT_8_4_1,
+        "whiten_rewards": True,
+        "equal_lengths": True,
+        "ref_noise": REF_NOISE,
+    },
+    {
+        "name": "full_8-8-1_max_grad_norm",
+        "kl_penalty": "full",
+        **LAYOUT_8_8_1,
+        "max_grad_norm": 1e-6,
+        "ppo_epochs": 1,
+        "n_steps": 1,
     },
 ]
 
@@ -125,9 +171,7 @@ EXTRA_CASES: list[dict] = [
     {
         "name": "full_8-2-2_early_stop",
         "kl_penalty": "full",
-        "batch_size": 8,
-        "mini_batch_size": 2,
-        "gradient_accumulation_steps": 2,
+        **LAYOUT_8_2_2,
         "early_stopping": True,
         "target_kl": 1e-4,
     },
@@ -146,27 +190,66 @@ def trl_status() -> tuple[bool, str]:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# fixed data
+# fixed models and data
 # ---------------------------------------------------------------------------------------------------------------------
-def make_batches(n_steps: int, batch_size: int, eos_id: int, data_seed: int):
-    """Per step: queries and responses (lists of 1-D LongTensors, ragged) and float scores.
+def build_models(model_seed: int, peak: float, ref_noise: float):
+    """(initial model, reference weights, tokenizer): a tiny random GPT-2, optionally peaked, and its copy,
+    optionally perturbed by seeded Gaussian noise."""
+    import torch
 
-    Every other response ends with EOS; the others stop mid-text (as if they hit max_new_tokens).
+    from cory.models import build_tiny_gpt2
+
+    base, tokenizer = build_tiny_gpt2(seed=model_seed)
+    base.eval()
+    with torch.no_grad():
+        base.transformer.ln_f.weight.mul_(peak)  # logits scale with it: lower entropy, same argmax
+        base.transformer.ln_f.bias.mul_(peak)
+    ref_base = copy.deepcopy(base)
+    if ref_noise:
+        gen = torch.Generator().manual_seed(model_seed + 1000)
+        with torch.no_grad():
+            for p in ref_base.parameters():
+                p.add_(torch.randn(p.shape, generator=gen) * ref_noise)
+    tokenizer.padding_side = "right"  # TRL pads query+response on this side; GPT-2's default
+    return base, ref_base, tokenizer
+
+
+def sample_response(model, query, length: int, generator):
+    """`length` tokens sampled from `model` after `query` (1-D ids), with a seeded generator."""
+    import torch
+
+    ids = query.clone()
+    with torch.no_grad():
+        for _ in range(length):
+            probs = torch.softmax(model(ids[None]).logits[0, -1].float(), dim=-1)
+            ids = torch.cat([ids, torch.multinomial(probs, 1, generator=generator)])
+    return ids[len(query) :]
+
+
+def make_batches(n_steps: int, batch_size: int, eos_id: int, data_seed: int, equal_lengths=False, model=None):
+    """Per step: queries and responses (lists of 1-D LongTensors) and float scores.
+
+    Every other response ends with EOS; the others stop mid-text (as if they hit max_new_tokens). Responses
+    are random tokens, or sampled from `model` when given; `equal_lengths` gives every query 5 tokens and
+    every response 8.
     """
     import numpy as np
     import torch
 
     rng = np.random.RandomState(data_seed)
+    generator = torch.Generator().manual_seed(data_seed)
     batches = []
     for _ in range(n_steps):
         queries, responses = [], []
         for i in range(batch_size):
-            q_len = int(rng.randint(2, 10))
-            r_len = int(rng.randint(1, 13))
-            queries.append(torch.tensor(rng.randint(0, 256, size=q_len), dtype=torch.long))
+            q_len, r_len = (5, 8) if equal_lengths else (int(rng.randint(2, 10)), int(rng.randint(1, 13)))
+            query = torch.tensor(rng.randint(0, 256, size=q_len), dtype=torch.long)
             resp = rng.randint(0, 256, size=r_len)
+            if model is not None:
+                resp = sample_response(model, query, r_len, generator).numpy()
             if i % 2 == 0:
                 resp[-1] = eos_id
+            queries.append(query)
             responses.append(torch.tensor(resp, dtype=torch.long))
         scores = (rng.randn(batch_size) * 2.0 + 0.5).astype(np.float32)
         batches.append((queries, responses, scores))
@@ -174,7 +257,7 @@ def make_batches(n_steps: int, batch_size: int, eos_id: int, data_seed: int):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# one case
+# the two learners
 # ---------------------------------------------------------------------------------------------------------------------
 def _patch_running_moments(running) -> None:
     """Make TRL 0.11.4's score scaling runnable (its step calls `.to()` on the floats its update stores)."""
@@ -192,10 +275,87 @@ def _patch_running_moments(running) -> None:
     running.update = update
 
 
+def build_trl(base, ref_base, tokenizer, learner: dict, seed: int, value_head_seed: int):
+    """TRL's PPOTrainer on copies of the models, its value head drawn right after seeding torch."""
+    import torch
+    import trl
+    from trl import AutoModelForCausalLMWithValueHead, PPOTrainer
+    from trl import PPOConfig as TRLPPOConfig
+
+    torch.manual_seed(value_head_seed)  # TRL draws the value head from the global RNG
+    model = AutoModelForCausalLMWithValueHead.from_pretrained(copy.deepcopy(base))
+    ref = trl.create_reference_model(AutoModelForCausalLMWithValueHead.from_pretrained(copy.deepcopy(ref_base)))
+    names = {k: v for k, v in learner.items() if k not in ("ratio_threshold_skip", "generate_in_train_mode")}
+    config = TRLPPOConfig(exp_name="check_trl_parity", seed=seed, **{TRL_NAMES.get(k, k): v for k, v in names.items()})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = PPOTrainer(config=config, model=model, ref_model=ref, tokenizer=tokenizer)
+    _patch_running_moments(trainer.running)
+    return trainer
+
+
+def build_ours(base, ref_base, tokenizer, learner: dict, seed: int, trl_model):
+    """Our agent on copies of the same models, with TRL's value-head weights."""
+    import torch
+
+    from cory.agent import Agent, PPOConfig
+    from cory.models import make_reference
+
+    agent = Agent("ours", copy.deepcopy(base), make_reference(ref_base), tokenizer, PPOConfig(**learner), seed=seed)
+    with torch.no_grad():
+        agent.policy.v_head.summary.weight.copy_(trl_model.v_head.summary.weight)
+        agent.policy.v_head.summary.bias.copy_(trl_model.v_head.summary.bias)
+    return agent
+
+
+def param_diffs(trl_model, agent, n_embd: int) -> dict:
+    """Max |Δ| over all parameters, over all but the attention key bias, over the key bias, over the v_head."""
+    import torch
+
+    theirs = dict(trl_model.named_parameters())
+    ours = dict(agent.policy.named_parameters())
+    if set(theirs) != set(ours):
+        raise AssertionError(f"parameter names differ: {sorted(set(theirs) ^ set(ours))}")
+    out = {"all": 0.0, "excl_key_bias": 0.0, "excl_key_bias_name": "", "key_bias": 0.0, "v_head": 0.0}
+    for k, p in ours.items():
+        d = (p.detach() - theirs[k].detach()).abs()
+        if k.endswith("attn.c_attn.bias"):  # [q | k | v] biases
+            out["key_bias"] = max(out["key_bias"], d[n_embd : 2 * n_embd].max().item())
+            d = torch.cat([d[:n_embd], d[2 * n_embd :]])
+        m = d.max().item()
+        if m >= out["excl_key_bias"]:
+            out["excl_key_bias"], out["excl_key_bias_name"] = m, k
+        if k.startswith("v_head."):
+            out["v_head"] = max(out["v_head"], m)
+    out["all"] = max(out["excl_key_bias"], out["key_bias"])
+    return out
+
+
 def _close(a: float, b: float, rtol: float, atol: float) -> bool:
     return abs(a - b) <= atol + rtol * max(abs(a), abs(b))
 
 
+def compare_stats(trl_stats: dict, our_stats: dict, trl_hits: int, rtol: float, atol: float):
+    """Per statistic {trl, ours, abs_diff}, and the failures (a ratio-threshold hit excuses the losses)."""
+    import numpy as np
+
+    stats, failures = {}, []
+    for trl_key, our_key in STAT_PAIRS:
+        a, b = float(np.mean(trl_stats[trl_key])), float(our_stats[our_key])
+        stats[f"{trl_key} ~ {our_key}"] = entry = {"trl": a, "ours": b, "abs_diff": abs(a - b)}
+        if not _close(a, b, rtol, atol):
+            if our_key in ("policy_loss", "value_loss") and trl_hits > 0:
+                entry["note"] = (
+                    "expected: TRL logs 0 for the losses of ratio-threshold minibatches, ours the real loss"
+                )
+            else:
+                failures.append(f"{trl_key} {a!r} vs {our_key} {b!r}")
+    return stats, failures
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# one case
+# ---------------------------------------------------------------------------------------------------------------------
 def run_case(
     name: str = "case",
     kl_penalty: str = "full",
@@ -204,8 +364,10 @@ def run_case(
     gradient_accumulation_steps: int = 1,
     use_score_scaling: bool = False,
     use_score_norm: bool = False,
+    score_clip: float | None = None,
     whiten_rewards: bool = False,
     ratio_threshold: float = 10.0,
+    max_grad_norm: float | None = None,
     early_stopping: bool = False,
     target_kl: float = 1.0,
     ppo_epochs: int = 4,
@@ -213,6 +375,10 @@ def run_case(
     init_kl_coef: float = 0.3,
     kl_target: float = 6.0,
     kl_horizon: float = 10000.0,
+    ref_noise: float = 0.0,
+    peak: float = 1.0,
+    sampled_responses: bool = False,
+    equal_lengths: bool = False,
     n_steps: int = 3,
     seed: int = 7,
     data_seed: int = 123,
@@ -226,151 +392,65 @@ def run_case(
     ok, why = trl_status()
     if not ok:
         raise RuntimeError(why)
-
     import numpy as np
     import torch
-    import trl
-    from trl import AutoModelForCausalLMWithValueHead, PPOTrainer
-    from trl import PPOConfig as TRLPPOConfig
-
-    from cory.agent import Agent
-    from cory.agent import PPOConfig as CoryPPOConfig
-    from cory.models import build_tiny_gpt2, make_reference
 
     torch.set_num_threads(min(4, torch.get_num_threads()))
-    base, tokenizer = build_tiny_gpt2(seed=model_seed)
-    base.eval()
-    tokenizer.padding_side = "right"  # TRL pads query+response on this side; GPT-2's default
-
-    # ---- TRL
-    trl_model = AutoModelForCausalLMWithValueHead.from_pretrained(copy.deepcopy(base))
-    trl_ref = trl.create_reference_model(trl_model)
-    trl_config = TRLPPOConfig(
-        exp_name="check_trl_parity",
-        batch_size=batch_size,
-        mini_batch_size=mini_batch_size,
-        gradient_accumulation_steps=gradient_accumulation_steps,
-        ppo_epochs=ppo_epochs,
-        learning_rate=learning_rate,
-        init_kl_coef=init_kl_coef,
-        adap_kl_ctrl=True,
-        target=kl_target,
-        horizon=kl_horizon,
-        kl_penalty=kl_penalty,
-        use_score_scaling=use_score_scaling,
-        use_score_norm=use_score_norm,
-        whiten_rewards=whiten_rewards,
-        ratio_threshold=ratio_threshold,
-        early_stopping=early_stopping,
-        target_kl=target_kl,
-        seed=seed,
-    )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        trainer = PPOTrainer(config=trl_config, model=trl_model, ref_model=trl_ref, tokenizer=tokenizer)
-    _patch_running_moments(trainer.running)
-
-    # ---- ours, with TRL's value-head weights
-    cfg = CoryPPOConfig.from_yaml(  # conf/algorithm/ppo.yaml's learner (TRL's defaults) with this case's values
+    # every learner setting is given to both sides explicitly (TRL's defaults are the paper's, §2)
+    learner = dict(
         learning_rate=learning_rate,
         init_kl_coef=init_kl_coef,
         adaptive_kl=True,
         kl_target=kl_target,
         kl_horizon=kl_horizon,
         kl_penalty=kl_penalty,
+        gamma=1.0,
+        lam=0.95,
+        cliprange=0.2,
+        cliprange_value=0.2,
+        vf_coef=0.1,
         ppo_epochs=ppo_epochs,
         mini_batch_size=mini_batch_size,
         gradient_accumulation_steps=gradient_accumulation_steps,
         ratio_threshold=ratio_threshold,
+        ratio_threshold_skip=False,
         use_score_scaling=use_score_scaling,
         use_score_norm=use_score_norm,
+        score_clip=score_clip,
+        max_grad_norm=max_grad_norm,
         whiten_rewards=whiten_rewards,
         early_stopping=early_stopping,
         target_kl=target_kl,
+        generate_in_train_mode=False,
     )
-    agent = Agent("ours", copy.deepcopy(base), make_reference(base), tokenizer, cfg, seed=seed)
-    with torch.no_grad():
-        agent.policy.v_head.summary.weight.copy_(trl_model.v_head.summary.weight)
-        agent.policy.v_head.summary.bias.copy_(trl_model.v_head.summary.bias)
-
+    base, ref_base, tokenizer = build_models(model_seed, peak, ref_noise)
+    trainer = build_trl(base, ref_base, tokenizer, learner | {"batch_size": batch_size}, seed, model_seed + 1)
+    agent = build_ours(base, ref_base, tokenizer, learner, seed, trainer.model)
     n_embd = base.config.n_embd
-
-    def param_diffs() -> dict:
-        """Max |Δ| over all parameters, over all but the attention key bias, over the key bias, over the v_head."""
-        theirs = dict(trainer.model.named_parameters())
-        ours = dict(agent.policy.named_parameters())
-        if set(theirs) != set(ours):
-            raise AssertionError(f"parameter names differ: {sorted(set(theirs) ^ set(ours))}")
-        out = {
-            "all": 0.0,
-            "all_name": "",
-            "excl_key_bias": 0.0,
-            "excl_key_bias_name": "",
-            "key_bias": 0.0,
-            "v_head": 0.0,
-        }
-        for k, p in ours.items():
-            d = (p.detach() - theirs[k].detach()).abs()
-            if k.endswith("attn.c_attn.bias"):  # [q | k | v] biases
-                out["key_bias"] = max(out["key_bias"], d[n_embd : 2 * n_embd].max().item())
-                d = torch.cat([d[:n_embd], d[2 * n_embd :]])
-            m = d.max().item()
-            if m >= out["excl_key_bias"]:
-                out["excl_key_bias"], out["excl_key_bias_name"] = m, k
-            if k.startswith("v_head."):
-                out["v_head"] = max(out["v_head"], m)
-        out["all"] = max(out["excl_key_bias"], out["key_bias"])
-        return out
+    batches = make_batches(
+        n_steps, batch_size, tokenizer.eos_token_id, data_seed, equal_lengths, base if sampled_responses else None
+    )
 
     init = {k: v.detach().clone() for k, v in agent.policy.named_parameters()}
-    d0 = param_diffs()["all"]
-    report: dict = {
-        "name": name,
-        "settings": {
-            "kl_penalty": kl_penalty,
-            "batch_size": batch_size,
-            "mini_batch_size": mini_batch_size,
-            "gradient_accumulation_steps": gradient_accumulation_steps,
-            "use_score_scaling": use_score_scaling,
-            "use_score_norm": use_score_norm,
-            "whiten_rewards": whiten_rewards,
-            "ratio_threshold": ratio_threshold,
-            "early_stopping": early_stopping,
-            "learning_rate": learning_rate,
-            "ppo_epochs": ppo_epochs,
-            "seed": seed,
-        },
-        "initial_param_max_abs_diff": d0,
-        "steps": [],
-    }
-    failures: list[str] = []
-    if d0 != 0.0:
-        failures.append(f"initial parameters differ by {d0}")
+    d0 = param_diffs(trainer.model, agent, n_embd)["all"]
+    settings = {k: v for k, v in learner.items() if k not in ("gamma", "lam", "cliprange", "cliprange_value")}
+    settings |= dict(batch_size=batch_size, ref_noise=ref_noise, peak=peak, sampled_responses=sampled_responses)
+    report: dict = {"name": name, "settings": settings | {"seed": seed}, "initial_param_max_abs_diff": d0, "steps": []}
+    failures: list[str] = [] if d0 == 0.0 else [f"initial parameters differ by {d0}"]
 
-    batches = make_batches(n_steps, batch_size, tokenizer.eos_token_id, data_seed)
     np.random.seed(seed)  # TRL's permutations; Agent uses RandomState(seed): the same sequence
     for step, (queries, responses, scores) in enumerate(batches, start=1):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             trl_stats = trainer.step(list(queries), list(responses), [torch.tensor(s) for s in scores])
         trl_hits = sum("exceeds threshold" in str(w.message) for w in caught)
-
         rollout = agent.score_tokens(list(queries), list(responses))
         our_stats = agent.learn(rollout, torch.tensor(scores))
 
-        pd = param_diffs()
-        moved = max((p.detach() - init[k]).abs().max().item() for k, p in agent.policy.named_parameters())
-        stats = {}
-        for trl_key, our_key in STAT_PAIRS:
-            a, b = float(np.mean(trl_stats[trl_key])), float(our_stats[our_key])
-            stats[f"{trl_key} ~ {our_key}"] = {"trl": a, "ours": b, "abs_diff": abs(a - b)}
-            if not _close(a, b, stat_rtol, stat_atol):
-                if our_key in ("policy_loss", "value_loss") and trl_hits > 0:
-                    stats[f"{trl_key} ~ {our_key}"]["note"] = (
-                        "expected: TRL logs 0 for the losses of ratio-threshold minibatches, ours the real loss"
-                    )
-                else:
-                    failures.append(f"step {step}: {trl_key} {a!r} vs {our_key} {b!r}")
+        pd = param_diffs(trainer.model, agent, n_embd)
+        change = {k: p.detach() - init[k] for k, p in agent.policy.named_parameters()}
+        stats, stat_failures = compare_stats(trl_stats, our_stats, trl_hits, stat_rtol, stat_atol)
+        failures += [f"step {step}: {f}" for f in stat_failures]
         kl_trl, kl_ours = float(trainer.kl_ctl.value), float(agent.kl_ctl.value)
         # TRL's β becomes an np.float32 after its first update (it multiplies by a float32 stat): float32 rounding
         if not _close(kl_trl, kl_ours, 1e-6, 0.0):
@@ -381,10 +461,9 @@ def run_case(
             )
         if pd["key_bias"] > key_bias_tol:
             failures.append(f"step {step}: attention key bias differs by {pd['key_bias']:.3g} > {key_bias_tol}")
-        if trl_hits != int(our_stats["ratio_threshold_hits"]):
-            failures.append(
-                f"step {step}: ratio-threshold hits TRL {trl_hits} vs ours {our_stats['ratio_threshold_hits']}"
-            )
+        our_hits = int(our_stats["ratio_threshold_hits"])
+        if trl_hits != our_hits:
+            failures.append(f"step {step}: ratio-threshold hits TRL {trl_hits} vs ours {our_hits}")
         report["steps"].append(
             {
                 "step": step,
@@ -393,19 +472,30 @@ def run_case(
                 "param_max_abs_diff_excl_key_bias_name": pd["excl_key_bias_name"],
                 "attn_key_bias_max_abs_diff": pd["key_bias"],
                 "v_head_max_abs_diff": pd["v_head"],
-                "param_max_abs_change_from_init": moved,
+                "param_max_abs_change_from_init": max(c.abs().max().item() for c in change.values()),
+                "param_change_norm": torch.sqrt(sum(c.square().sum() for c in change.values())).item(),
                 "kl_coef_after_update": {"trl": kl_trl, "ours": kl_ours, "abs_diff": abs(kl_trl - kl_ours)},
-                "ratio_threshold_hits": {"trl": trl_hits, "ours": int(our_stats["ratio_threshold_hits"])},
+                "ratio_threshold_hits": {"trl": trl_hits, "ours": our_hits},
+                # the rollout's full-vocabulary entropy of π_old (nats per token): how peaked the model is
+                "rollout_entropy": our_stats["entropy"],
                 "stats": stats,
             }
         )
+    return _finish(report, failures)
+
+
+def _finish(report: dict, failures: list[str]) -> dict:
+    """Summary fields over the steps, the failures and `passed`."""
     report["max_stat_rel_diff"] = max(
         v["abs_diff"] / max(abs(v["trl"]), abs(v["ours"]), 1e-12)
         for s in report["steps"]
         for v in s["stats"].values()
         if "note" not in v
     )
-    for label, s in (("step1", report["steps"][0]), ("last", report["steps"][-1])):
+    first, last = report["steps"][0], report["steps"][-1]
+    report["initial_kl"] = first["stats"]["objective/kl ~ kl"]["trl"]
+    report["initial_entropy"] = first["rollout_entropy"]
+    for label, s in (("step1", first), ("last", last)):
         report[f"param_max_abs_diff_excl_key_bias_{label}"] = s["param_max_abs_diff_excl_key_bias"]
         report[f"attn_key_bias_max_abs_diff_{label}"] = s["attn_key_bias_max_abs_diff"]
     report["failures"] = failures
@@ -418,13 +508,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--case", action="append", help="run only these case names (repeatable)")
     parser.add_argument("--full", action="store_true", help="print every per-step statistic")
     parser.add_argument("--extra", action="store_true", help="also run EXTRA_CASES (early stopping)")
+    parser.add_argument("--out", help="write the JSON report to this file instead of stdout")
     args = parser.parse_args(argv)
     ok, why = trl_status()
     if not ok:
-        print(why, file=sys.stderr)
+        print(f"error: {why}", file=sys.stderr)
         return 2
     pool = DEFAULT_CASES + (EXTRA_CASES if args.extra or args.case else [])
     cases = [c for c in pool if not args.case or c["name"] in args.case]
+    unknown = sorted(set(args.case or []) - {c["name"] for c in pool})
+    if unknown:
+        print(
+            f"error: --case {', '.join(unknown)}: unknown; known: {', '.join(c['name'] for c in pool)}",
+            file=sys.stderr,
+        )
+        return 2
     results = []
     for c in cases:
         r = run_case(**c)
@@ -436,15 +534,18 @@ def main(argv: list[str] | None = None) -> int:
             f"{'PASS' if r['passed'] else 'FAIL'} {r['name']}: params Δ (excl. key bias) step 1 "
             f"{r['param_max_abs_diff_excl_key_bias_step1']:.2e}, step {len(r['steps'])} "
             f"{r['param_max_abs_diff_excl_key_bias_last']:.2e}; key bias {r['attn_key_bias_max_abs_diff_last']:.2e}; "
-            f"stats max rel Δ {r['max_stat_rel_diff']:.2e}",
+            f"stats max rel Δ {r['max_stat_rel_diff']:.2e}; KL at step 1 {r['initial_kl']:.3g}, "
+            f"entropy {r['initial_entropy']:.2f} nats",
             file=sys.stderr,
         )
-    summary = {
-        "trl_version": why,
-        "all_passed": all(r["passed"] for r in results),
-        "cases": results,
-    }
-    print(json.dumps(summary, indent=2))
+    summary = {"trl_version": why, "all_passed": all(r["passed"] for r in results), "cases": results}
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(summary, f, indent=2)
+    else:
+        print(json.dumps(summary, indent=2))
+    print(f"{'all' if summary['all_passed'] else 'NOT all'} {len(results)} cases passed", file=sys.stderr)
     return 0 if summary["all_passed"] else 1
 
 
