@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from pathlib import Path
 
@@ -151,7 +152,9 @@ def _check_same_run(cfg: DictConfig, run_dir: Path) -> None:
 def _make_logger(cfg: DictConfig, run_dir: Path, store: RunStore, resume_from: int):
     """The `logger` group's target, writing metrics.jsonl from `resume_from` on (later rows of a killed start go)."""
     kwargs = {k: v for k, v in OmegaConf.to_container(cfg.logger, resolve=True).items() if not k.startswith("_")}
-    kwargs |= {"run_dir": str(run_dir), "resume_from": resume_from}
+    kwargs["run_dir"] = str(run_dir)
+    for name in ("metrics.jsonl", "samples.jsonl"):
+        _drop_rows_from(run_dir / name, resume_from)
     if cfg.logger._target_.endswith("WandbLogger"):
         kwargs |= {
             "config": OmegaConf.to_container(cfg, resolve=True) | {"git_sha": runtime.git_sha()},
@@ -163,6 +166,24 @@ def _make_logger(cfg: DictConfig, run_dir: Path, store: RunStore, resume_from: i
         logger = get_object(cfg.logger._target_)(**kwargs)
     store.save_state({"wandb_run_id": getattr(logger, "run_id", None)})
     return logger
+
+
+def _drop_rows_from(path: Path, iteration: int) -> None:
+    """Keep the well-formed rows of a JSONL log with `iteration` < `iteration` (atomic rewrite): a continued run
+    logs the later ones again, so its files equal an uninterrupted run's."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # a partial last line from a kill
+            continue
+        if isinstance(row, dict) and isinstance(row.get("iteration"), int) and row["iteration"] < iteration:
+            kept.append(line + "\n")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(kept), encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def _print_round(k: int, row: dict) -> None:
