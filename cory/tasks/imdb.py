@@ -77,8 +77,6 @@ class IMDBTask:
         seed: int = 0,
         name: str = "imdb",
     ) -> None:
-        if source not in ("packaged", "hub"):
-            raise ValueError(f"task.source must be 'packaged' or 'hub', got {source!r}")
         self.name = name
         self.tokenizer = tokenizer
         self.reward = reward
