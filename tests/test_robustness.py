@@ -1,10 +1,15 @@
-"""Issue 4: a run survives kills, signals, crashes mid-write, NaNs, failing rewards and bad configuration.
+"""A run survives kills, signals, crashes mid-write, NaNs, failing rewards and bad configuration.
 
 - SIGKILL at an arbitrary iteration, then `python -m cory.train resume=<run folder>`: the metrics equal an
   uninterrupted run's (PPO and CORY, across a role swap), and the W&B run id continues.
-- SIGTERM / SIGINT: checkpoint at the end of the iteration, a `resume=` hint, exit code 0; resuming completes.
-- Atomic checkpoints, corrupt-checkpoint refusal, keep-last-K; non-finite skipping and stopping; reward failures.
-- Bad configuration and an unreachable Hub fail in one `error:` line before any model loads.
+- SIGTERM / SIGINT: checkpoint at the end of the iteration, before any evaluation it was due (the resume does
+  it), a `resume=` hint, exit code 0; the "last good checkpoint" is named only when there is one.
+- Atomic checkpoints; a damaged checkpoint (truncated, unreadable, missing keys, an empty file, a pickle, NaN
+  weights) is refused in one line naming it, and the run folder is left as it was; keep-last-K.
+- Non-finite updates are skipped, then stop the run; non-finite weights stop it at once; exploded weights stop
+  it in one line; a failing reward is counted and printed once; a full disk is one line naming the file.
+- Bad configuration and an unreachable Hub fail in one `error:` line before any model loads (more bad inputs
+  in tests/test_inputs.py).
 - Checkpoints hold no pickle but the optimiser (`weights_only=True`); no secret reaches the run folder.
 
 Subprocesses use the real entrypoint and one torch thread (as the in-process reference runs do), so their
@@ -13,24 +18,31 @@ numbers match to float precision. Run: `pytest tests/test_robustness.py` (about 
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from conftest import compose_cfg
+from safetensors.torch import load_file, save_file
 from test_train import check_run_folder, read_rows, smoke
 
 import cory.agent
+import cory.checkpoints
 import cory.models
 import cory.train
+from cory.algorithms.ppo import PPO
+from cory.cli import resume_overrides
 from cory.config import ConfigError
 from cory.tasks.toy import ToyTask
 from cory.train import train
@@ -74,6 +86,36 @@ def assert_same_rows(got: list[dict], want: list[dict]) -> None:
                 assert math.isclose(g[k], w[k], rel_tol=1e-5, abs_tol=1e-5), (w["iteration"], k, g[k], w[k])
             else:
                 assert g[k] == w[k], (w["iteration"], k)
+
+
+# ---------------------------------------------------------------------------------------------- in-process helpers
+def start_run(tmp_path: Path, run_dir: Path, *overrides: str) -> dict:
+    """A smoke run started the way `python -m cory.train` starts one (its overrides recorded), in-process."""
+    args = ["experiment=smoke", "progress=false", f"cache_dir={tmp_path / 'cache'}", *overrides]
+    return train(compose_cfg(args), run_dir, args)
+
+
+def resume_run(run_dir: Path, *overrides: str) -> dict:
+    """`python -m cory.train resume=<run_dir> <overrides>`, in-process, composed as the command line does."""
+    args = resume_overrides(run_dir, [f"resume={run_dir}", *overrides])
+    return train(compose_cfg(args), run_dir, args)
+
+
+def run_main(monkeypatch, capsys, *argv: str) -> tuple[int, str]:
+    """`python -m cory.train <argv>` in-process: (exit code, stderr)."""
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "0")  # restored after the test (cory.cli sets it)
+    monkeypatch.setattr(sys, "argv", ["cory.train", *argv])
+    try:
+        cory.train.main()
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code or 0
+    return code, capsys.readouterr().err
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under `folder` with its bytes: equal snapshots mean nothing was touched."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 # ---------------------------------------------------------------------------------------------- subprocess helpers
@@ -219,24 +261,55 @@ def test_crash_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, tmp_p
 def _finished_run(tmp_path: Path) -> Path:
     """A two-iteration PPO run with one checkpoint kept."""
     run_dir = tmp_path / "run"
-    train(smoke(tmp_path, "iterations=2", "save_every=1", "keep_checkpoints=1"), run_dir)
+    start_run(tmp_path, run_dir, "iterations=2", "save_every=1", "keep_checkpoints=1")
     assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["iter_000002"]  # keep_checkpoints=1
     return run_dir
 
 
-def test_corrupt_checkpoints_are_refused_in_one_line(tmp_path):
+class Evil:
+    """Not a tensor: a checkpoint holding one must be refused without running any of its code."""
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _nan_weight(path: Path) -> None:
+    tensors = load_file(str(path))
+    name = next(k for k, t in tensors.items() if t.is_floating_point())
+    tensors[name][0] = float("nan")
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+def _drop_key(path: Path) -> None:
+    state = json.loads(path.read_text())
+    del state["rng"]
+    path.write_text(json.dumps(state))
+
+
+DAMAGE = {  # what is done to the checkpoint → what the one-line refusal must say
+    "truncated weights": ("agents/llm1/policy.safetensors", _truncate, r"is corrupt .*agents/llm1"),
+    "trainer.json not json": ("trainer.json", lambda p: p.write_text("{not json"), r"is unreadable"),
+    "trainer.json lacks a key": ("trainer.json", _drop_key, r"is unreadable \(trainer.json lacks rng\)"),
+    "empty optimizer": ("agents/llm1/optimizer.pt", lambda p: p.write_bytes(b""), r"optimizer.pt is empty"),
+    "a pickle": ("agents/llm1/optimizer.pt", lambda p: torch.save({"x": Evil()}, p), r"objects other than tensors"),
+    "NaN weights": ("agents/llm1/policy.safetensors", _nan_weight, r"holds non-finite values in agents/llm1"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_damaged_checkpoint_is_refused_in_one_line_and_the_run_folder_is_untouched(tmp_path, damage):
     run_dir = _finished_run(tmp_path)
     ckpt = latest_checkpoint(run_dir)
-    weights = ckpt / "agents" / "llm1" / "policy.safetensors"
-    good = weights.read_bytes()
-    weights.write_bytes(good[: len(good) // 2])
-    with pytest.raises(CheckpointError, match=r"checkpoint .*iter_000002 is corrupt"):
-        train(smoke(tmp_path, f"resume={run_dir}"), run_dir)
-
-    weights.write_bytes(good)
-    (ckpt / "trainer.json").write_text("{not json")
-    with pytest.raises(CheckpointError, match=r"checkpoint .*iter_000002 is unreadable"):
-        train(smoke(tmp_path, f"resume={run_dir}"), run_dir)
+    name, spoil, message = DAMAGE[damage]
+    spoil(ckpt / name)
+    before = snapshot(run_dir)
+    with pytest.raises(CheckpointError) as err:
+        resume_run(run_dir, "iterations=3")  # extending the run loads the checkpoint
+    text = str(err.value)
+    assert re.search(rf"^checkpoint {re.escape(str(ckpt))} .*{message}", text) and "\n" not in text
+    assert "weights_only" not in text and "delete that checkpoint folder" in text
+    assert snapshot(run_dir) == before  # metrics not truncated, nothing written: the run can still be rescued
 
 
 def test_checkpoints_hold_no_pickle_but_the_optimizer(tmp_path):
@@ -297,6 +370,117 @@ def test_nonfinite_rewards_skip_updates_then_stop_the_run(tmp_path, monkeypatch)
     assert summary["completed"] and summary["iterations"] == 6
 
 
+@pytest.mark.parametrize(("at", "last_good"), [(0, None), (3, "iter_000002")], ids=["first", "after-checkpoint"])
+def test_nonfinite_weights_stop_the_run_before_they_are_saved(tmp_path, monkeypatch, at, last_good):
+    real_learn, steps = cory.agent.Agent.learn, []
+
+    def learn(self, rollout, scores):
+        out = real_learn(self, rollout, scores)
+        if len(steps) == at:  # a NaN weight, as an overflowing update would leave it
+            with torch.no_grad():
+                self.trainable_parameters()[0].view(-1)[0] = float("nan")
+        steps.append(at)
+        return out
+
+    monkeypatch.setattr(cory.agent.Agent, "learn", learn)
+    run_dir = tmp_path / "run"
+    with pytest.raises(NonFiniteError) as err:
+        start_run(tmp_path, run_dir, *overrides("ppo")[1:])
+    text = str(err.value)
+    assert text.startswith(f"iteration {at} left non-finite weights in llm1") and "\n" not in text
+    if last_good:  # named only when it exists
+        assert f"The last good checkpoint, {run_dir / 'checkpoints' / last_good}, is intact" in text
+        assert latest_checkpoint(run_dir).name == last_good
+    else:
+        assert "No checkpoint was written before this point" in text and latest_checkpoint(run_dir) is None
+    train_rows = [r for r in read_rows(run_dir) if "train/llm1/kl" in r]
+    assert [r["iteration"] for r in train_rows] == list(range(at + 1))  # logged up to the bad step, nothing lost
+
+
+def test_exploded_weights_stop_the_run_in_one_line(tmp_path):
+    """A huge but finite step gives inf logits, and sampling then fails inside torch: one line, not a traceback."""
+    with pytest.raises(NonFiniteError) as err:
+        start_run(tmp_path, tmp_path / "run", "algorithm.agent.learning_rate=1e30")
+    text = str(err.value)
+    assert re.match(r"^iteration \d+ (left non-finite weights|met non-finite numbers)", text) and "\n" not in text
+    assert "lower algorithm.agent.learning_rate" in text
+
+
+# ------------------------------------------------------------------------------------------------ signals, disk
+def test_sigterm_checkpoints_before_the_evaluation_it_was_due(tmp_path, tmp_path_factory, monkeypatch, capsys):
+    want = reference_rows("ppo", tmp_path_factory)
+    real_step, real_evaluate, evaluations = PPO.step, Trainer.evaluate, []
+
+    def step(self, queries, max_new_tokens, iteration):
+        out = real_step(self, queries, max_new_tokens, iteration)
+        if iteration == 1:  # SLURM's SIGTERM during iteration 1; smoke evaluates every 2 iterations
+            os.kill(os.getpid(), signal.SIGTERM)
+        return out
+
+    def evaluate(self):
+        evaluations.append(self.iteration)
+        return real_evaluate(self)
+
+    monkeypatch.setattr(PPO, "step", step)
+    monkeypatch.setattr(Trainer, "evaluate", evaluate)
+    run_dir = tmp_path / "run"
+    summary = start_run(tmp_path, run_dir, *overrides("ppo")[1:])
+    assert summary["stopped_by"] == "SIGTERM" and summary["completed"] is False
+    assert evaluations == [0]  # the evaluation due after iteration 1 is left to the resume
+    ckpt = latest_checkpoint(run_dir)
+    assert ckpt.name == "iter_000002" and json.loads((ckpt / "trainer.json").read_text())["pending_eval"] is True
+    assert "stopped after iteration 2 on a signal; checkpoint saved" in capsys.readouterr().out
+
+    monkeypatch.setattr(PPO, "step", real_step)
+    resume_run(run_dir)
+    assert evaluations[1] == 2  # the resume owes it, and does it first
+    assert_same_rows(read_rows(run_dir), want)
+
+
+def test_a_signal_before_any_checkpoint_does_not_claim_one(tmp_path, monkeypatch, capsys):
+    real_evaluate = Trainer.evaluate
+
+    def evaluate(self):  # Ctrl-C during the evaluation before training
+        os.kill(os.getpid(), signal.SIGINT)
+        return real_evaluate(self)
+
+    monkeypatch.setattr(Trainer, "evaluate", evaluate)
+    run_dir = tmp_path / "run"
+    summary = start_run(tmp_path, run_dir)
+    out = capsys.readouterr().out
+    assert summary["stopped_by"] == "SIGINT" and summary["iterations"] == 0
+    assert "no new checkpoint. No checkpoint was written before this point" in out and "is intact" not in out
+    assert latest_checkpoint(run_dir) is None and not [r for r in read_rows(run_dir) if "eval/llm1/kl" in r]
+
+
+def test_a_full_disk_is_one_line_naming_the_file_and_keeps_what_was_written(tmp_path, monkeypatch, capsys):
+    real_save, calls = cory.checkpoints.save_file, []
+
+    def save_file_or_full(tensors, path, *args, **kwargs):
+        calls.append(path)
+        if len(calls) == 2:  # the second checkpoint
+            raise OSError(errno.ENOSPC, "No space left on device", path)
+        return real_save(tensors, path, *args, **kwargs)
+
+    monkeypatch.setattr(cory.checkpoints, "save_file", save_file_or_full)
+    run_dir, args = tmp_path / "run", ["experiment=smoke", "progress=false", *overrides("ppo")[1:]]
+    message = cory.train.run_reporting_errors(compose_cfg(args), run_dir, args, "train.log")
+    err = capsys.readouterr().err
+    assert err == f"error: {message}\n" and message.startswith(f"cannot write {calls[1]} (No space left on device)")
+    assert f"the run folder {run_dir} keeps everything written" in message
+    assert latest_checkpoint(run_dir).name == "iter_000002"
+    assert [r["iteration"] for r in read_rows(run_dir) if "train/llm1/kl" in r] == [0, 1, 2, 3]
+
+
+def test_training_outside_the_main_thread_leaves_signals_alone(tmp_path):
+    """Some launchers (joblib's threading backend) run jobs in threads, where signal handlers cannot be set."""
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(start_run(tmp_path, tmp_path / "run", "iterations=1")))
+    thread.start()
+    thread.join(timeout=120)
+    assert result.get("completed") is True
+
+
 def test_a_failing_reward_gets_the_failure_reward_and_is_counted(tmp_path, monkeypatch, capsys):
     failing: set[str] = set()
     real_batch, real_score = Trainer.batch, ToyTask.score
@@ -314,11 +498,12 @@ def test_a_failing_reward_gets_the_failure_reward_and_is_counted(tmp_path, monke
 
     monkeypatch.setattr(Trainer, "batch", batch)
     monkeypatch.setattr(ToyTask, "score", score)
+    failing.update(ToyTask(seed=0).eval_queries()[:1])  # the held-out evaluations fail on one query too
     run_dir = tmp_path / "run"
     train(smoke(tmp_path, "task.failure_reward=-1.0"), run_dir)
     failures = [r["train/reward_failures"] for r in read_rows(run_dir) if "train/reward_failures" in r]
     assert failures == [2, 0, 0, 0]
-    assert capsys.readouterr().out.count("reward failed on") == 1  # the first error only
+    assert capsys.readouterr().out.count("reward failed on") == 1  # the first error only, evaluations included
     samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
     first = [s for s in samples if s["table"] == "train/samples" and s["iteration"] == 0]
     assert [s["pioneer_reward"] for s in first[:2]] == [-1.0, -1.0]
@@ -402,7 +587,7 @@ def entrypoint(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess,
         if o in BAD
     }
     jobs["gpt2"] = (cli("experiment=smoke", "model=gpt2", f"hydra.run.dir={tmp / 'gpt2'}"), env(HF_HUB_OFFLINE="1"))
-    jobs["corrupt"] = (cli(f"resume={corrupt}"), env())
+    jobs["corrupt"] = (cli(f"resume={corrupt}", "iterations=3"), env())
     jobs["wandb"] = (
         cli("experiment=smoke", "progress=false", "logger=wandb", "iterations=2", f"hydra.run.dir={tmp / 'wandb'}"),
         no_wandb,
