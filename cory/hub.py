@@ -1,4 +1,4 @@
-"""Fail-fast loading of Hugging Face Hub names (ENVIRONMENT.md §6).
+"""Fail-fast loading of Hugging Face Hub names.
 
 Without network, `from_pretrained("gpt2")` retries for about 50 s and `load_dataset("imdb")` for about 25 s before
 failing with a message that does not say what to do. Every Hub lookup in `cory` goes through this module instead:
@@ -147,7 +147,7 @@ def load_dataset_or_fail(name: str, *, key: str, hint: str = "", **kwargs: Any) 
     """`datasets.load_dataset(name, **kwargs)` that fails within seconds when the Hub cannot provide `name`.
 
     Local builders ("csv", "json", ...) and local files or folders go straight through. With an offline variable
-    set, `datasets` itself answers from its cache in about 1 s (ENVIRONMENT.md §6), so it is still called then.
+    set, `datasets` itself answers from its cache in about 1 s, so it is still called then.
 
     Args:
         name: a Hub dataset id ("imdb"), a local builder name or a local path.

@@ -1,10 +1,10 @@
-"""Sentiment rewards for the IMDB task: callables `reward(texts) -> scores`, one logit per text (REFERENCE.md §3.1).
+"""Sentiment rewards for the IMDB task: callables `reward(texts) -> scores`, one logit per text (docs/method.md §3.1).
 
-The texts are the query plus the response (REFERENCE.md §1.2 step 5). Two implementations:
+The texts are the query plus the response (docs/method.md §1.2 step 5). Two implementations:
 
 - `ClassifierReward`: the paper's reward, the raw POSITIVE logit of a sequence classifier such as
   `lvwerra/distilbert-imdb` (the official code's sentiment pipeline with `function_to_apply="none"`).
-- `TfidfSentimentReward`: the offline stand-in of ENVIRONMENT.md §7, a TF-IDF + logistic-regression classifier
+- `TfidfSentimentReward`: the offline stand-in of docs/method.md §8, a TF-IDF + logistic-regression classifier
   trained once on the packaged IMDB reviews; its decision function is also a logit.
 
 Deviations: the stand-in is not a transformer and has a different scale (about +4 / −6 on short clear texts,
@@ -90,7 +90,7 @@ class ClassifierReward:
         return scores
 
 
-# ENVIRONMENT.md §7: these settings give 0.902 held-out accuracy on the shipped IMDB reviews.
+# These settings give 0.902 held-out accuracy on the shipped IMDB reviews (docs/method.md §8).
 _TFIDF = {"ngram_range": (1, 2), "min_df": 2, "max_features": 200_000, "sublinear_tf": True}
 _LOGREG_C = 4.0
 

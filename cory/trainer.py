@@ -99,7 +99,7 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------------ data
     def batch(self, k: int) -> list[str]:
-        """Iteration k's queries: epoch-wise reshuffles seeded by (seed, epoch), drop_last (REFERENCE §3.1)."""
+        """Iteration k's queries: epoch-wise reshuffles seeded by (seed, epoch), drop_last (docs/method.md §3.1)."""
         n, B, W = len(self.train_queries), self.s.batch_size, distributed.world_size()
         per_epoch = n // (B * W)  # with W processes each takes its own slice of a global batch of B·W
         epoch, j = divmod(k, per_epoch)

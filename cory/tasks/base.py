@@ -46,7 +46,7 @@ class Task(Protocol):
 
 
 class SafeScorer:
-    """Scores a batch; a sample whose reward raises gets the task's failure reward and is counted (issue 4).
+    """Scores a batch; a sample whose reward raises gets the task's failure reward and is counted.
 
     The first error is printed once per task, with its sample (training and evaluation scorers share the flag),
     so a broken reward is visible without flooding the log.
