@@ -35,7 +35,7 @@ from conftest import compose_cfg
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
-from test_robustness import env, run_main
+from runners import env, run_main
 from test_train import check_run_folder
 
 from cory.config import ConfigError, validate

@@ -4,18 +4,26 @@ Values of the wrong type or out of range (checked against the targets' own annot
 an unknown device, an observer template with an unknown field, prompts longer than the model's context, data
 files that are missing, empty, header-only or lack the needed columns, a corrupt `run_config.yaml`, a run
 folder that cannot be created, and corrupt caches (the message names them and says to delete them). Through
-the command line, a refused run leaves no run folder behind.
+the command line, a refused run leaves no run folder behind. Also: Hydra's own composition errors, the real
+entrypoint (subprocesses, two at a time) on bad values, a damaged checkpoint, an unreachable Hub model (fast,
+naming a local folder as the way out) and W&B without a key or network (falls back to metrics.jsonl).
 
-Run: `pytest tests/test_inputs.py` (about 30 s on 2 CPUs).
+Run: `pytest tests/test_inputs.py` (about a minute on 2 CPUs).
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import torch
 from fakes import write_reviews_csv
-from test_robustness import run_main, start_run
+from runners import REPO, cli, env, finished_run, one_error_line, run_main, start_run
 from test_train import smoke
 
 import cory.models
@@ -23,7 +31,12 @@ from cory.config import ConfigError
 from cory.hub import AssetUnavailableError
 from cory.rewards import TfidfSentimentReward
 from cory.train import train
+from cory.trainer import latest_checkpoint
 
+# On an idle machine these fail within ~15 s. These checks run two at a time on a shared 2-CPU machine, where the
+# interpreter start alone takes ~10 s; an unreachable Hub costs >= 50 s, so 25 s still tells them apart. That no
+# model is built is proven in-process (`test_bad_config_fails_before_any_model_loads`).
+FAIL_FAST_S = 25.0
 EXPECTED_COLUMNS = "expected a CSV with columns text,label[,source]"
 TYPED = {  # override → the one-line message starts with
     "seed=abc": "seed=abc: expected an integer",
@@ -134,3 +147,135 @@ def test_a_corrupt_model_cache_is_named_with_the_way_out(tmp_path):
         start_run(tmp_path, tmp_path / "run", "model=smollm2_135m")
     text = " ".join(str(err.value).split())
     assert f"Cannot load the model from the local folder {cached}" in text and "delete it" in text
+
+
+# ------------------------------------------------------------------------------------------- bad configuration
+BAD = {  # override → key the one-line message must name
+    "algorithm.agent.mini_batch_size=5": "algorithm.agent.mini_batch_size",
+    "algorithm.agent.learning_rate=-1e-3": "algorithm.agent.learning_rate",
+    "algorithm.agent.init_kl_coef=-0.1": "algorithm.agent.init_kl_coef",
+    "algorithm.agent.kl_penalty=kl2": "algorithm.agent.kl_penalty",
+    "+algorithm.agent.lr=0.1": "algorithm.agent.lr",
+    "batch_size=1024": "batch_size",
+    "iterations=0": "iterations",
+    "save_every=-1": "save_every",
+    "model=gpt2 model.name_or_path=/nonexistent/dir": "model.name_or_path",
+    "task=imdb task.reward._target_=cory.rewards.NoSuchReward": "task.reward._target_",
+    "task=imdb task.source=web": "task.source",
+    "algorithm=cory algorithm.swap_period=0": "algorithm.swap_period",
+}
+if not torch.cuda.is_available():
+    BAD |= {"+model.load_in_4bit=true": "model.load_in_4bit", "hardware=gpu": "hardware.device"}
+
+
+@pytest.mark.parametrize("override", list(BAD))
+def test_bad_config_fails_before_any_model_loads(tmp_path, monkeypatch, override):
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was built for an invalid configuration")
+
+    for builder in ("build_tiny_gpt2", "load_pretrained", "load_smollm2_135m"):
+        monkeypatch.setattr(cory.models, builder, no_model)
+    with pytest.raises(ConfigError) as err:
+        train(smoke(tmp_path, *override.split()), tmp_path / "run")
+    message = str(err.value)
+    assert BAD[override] in message and "\n" not in message
+    if "kl_penalty" in override:
+        assert "allowed" in message and "'full'" in message
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("task/reward=nope", "Available options in 'task/reward': distilbert_imdb tfidf"),
+        ("model=nope", "Could not find 'model/nope'"),
+        ("algorithm.agent.lr=1", "algorithm.agent.lr"),
+    ],
+)
+def test_unknown_option_or_key_is_one_error_line(monkeypatch, capsys, override, named):
+    """Composition errors (Hydra's own) get the same one-line treatment, before anything is built."""
+    monkeypatch.setattr(sys, "argv", ["cory.train", "experiment=smoke", "task=imdb", override])
+    monkeypatch.setattr(cory.train, "_hydra_main", lambda: pytest.fail("Hydra's run was reached"))
+    with pytest.raises(SystemExit) as exit_:
+        cory.train.main()
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and err.startswith("error: ") and named in err
+
+
+CLI_BAD = [
+    "algorithm.agent.mini_batch_size=5",
+    "model=gpt2 model.name_or_path=/nonexistent/dir",
+    "+model.load_in_4bit=true",
+]
+
+
+@pytest.fixture(scope="module")
+def entrypoint(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, float]]:
+    """The entrypoint checks that need no interaction, run two at a time (2 CPUs): name → (result, seconds)."""
+    tmp = tmp_path_factory.mktemp("entrypoint")
+    corrupt = finished_run(tmp)
+    (latest_checkpoint(corrupt) / "trainer.json").write_text("{not json")
+    no_wandb = {k: v for k, v in env().items() if not k.startswith("WANDB_")}
+    no_wandb |= {
+        "WANDB_MODE": "online",
+        "NETRC": str(tmp / "no-netrc"),
+        "WANDB_DIR": str(tmp),
+        "WANDB_CONFIG_DIR": str(tmp),
+    }
+    jobs = {
+        o: (cli("experiment=smoke", f"hydra.run.dir={tmp / str(i)}", *o.split()), env())
+        for i, o in enumerate(CLI_BAD)
+        if o in BAD
+    }
+    jobs["gpt2"] = (cli("experiment=smoke", "model=gpt2", f"hydra.run.dir={tmp / 'gpt2'}"), env(HF_HUB_OFFLINE="1"))
+    jobs["corrupt"] = (cli(f"resume={corrupt}", "iterations=3"), env())
+    jobs["wandb"] = (
+        cli("experiment=smoke", "progress=false", "logger=wandb", "iterations=2", f"hydra.run.dir={tmp / 'wandb'}"),
+        no_wandb,
+    )
+
+    def run(cmd: list[str], environ: dict) -> tuple[subprocess.CompletedProcess, float]:
+        t0 = time.monotonic()
+        out = subprocess.run(cmd, cwd=REPO, env=environ, capture_output=True, text=True, timeout=120)
+        return out, time.monotonic() - t0
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {name: pool.submit(run, *job) for name, job in jobs.items()}
+    return {name: f.result() for name, f in futures.items()} | {"wandb_dir": (None, tmp / "wandb")}
+
+
+@pytest.mark.parametrize("override", CLI_BAD)
+def test_bad_config_through_the_entrypoint_is_one_error_line(entrypoint, override):
+    if override not in BAD:
+        pytest.skip("valid on a CUDA machine")
+    out, seconds = entrypoint[override]
+    assert seconds < FAIL_FAST_S
+    assert BAD[override] in one_error_line(out)
+
+
+def test_corrupt_checkpoint_through_the_entrypoint_is_one_error_line(entrypoint):
+    out, _ = entrypoint["corrupt"]
+    assert "iter_000002 is unreadable" in one_error_line(out)
+
+
+# -------------------------------------------------------------------------------------- unreachable services
+def test_unreachable_hub_model_fails_fast_naming_a_local_folder(entrypoint):
+    out, seconds = entrypoint["gpt2"]
+    assert seconds < FAIL_FAST_S
+    line = one_error_line(out)
+    assert "'gpt2'" in line and "local folder" in line
+
+
+def test_wandb_online_without_key_or_network_falls_back_to_jsonl(entrypoint):
+    out, _ = entrypoint["wandb"]
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "W&B init failed" in out.stderr and "continuing with" in out.stderr
+    assert json.loads((entrypoint["wandb_dir"][1] / "summary.json").read_text())["completed"] is True
+
+
+def test_resume_of_a_missing_folder_is_one_error_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["cory.train", f"resume={tmp_path / 'nope'}"])
+    with pytest.raises(SystemExit) as exit_:
+        cory.train.main()
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip() == f"error: resume={tmp_path / 'nope'}: no such run folder"
+    assert not (tmp_path / "nope").exists()

@@ -30,9 +30,9 @@ from pathlib import Path
 import pytest
 from conftest import compose_cfg
 from hydra.core.hydra_config import HydraConfig
-from test_robustness import assert_same_rows, env, run_main, snapshot
-from test_robustness import resume_run as resume
-from test_robustness import start_run as start
+from runners import assert_same_rows, env, run_main, snapshot
+from runners import resume_run as resume
+from runners import start_run as start
 from test_train import check_run_folder, read_rows
 
 from cory import assets, cli, rewards, runs
