@@ -73,7 +73,10 @@ def prepare(args: list[str]) -> list[str]:
             overrides = resume_overrides(Path(values["resume"]), overrides)
             args = flags + overrides
         elif parsed.multirun or _sweep_file(values):
-            runs.check_writable(Path(values.get("hydra.sweep.dir", "outputs/multiruns")), "hydra.sweep.dir")
+            sweep_dir = Path(values.get("hydra.sweep.dir", "outputs/multiruns"))
+            runs.check_writable(sweep_dir, "hydra.sweep.dir")
+            if "hydra.sweep.dir" in values and primary and (sweep_dir / "multirun.yaml").exists():
+                raise ConfigError(f"hydra.sweep.dir={sweep_dir} already holds a sweep; choose a new folder")
             extra = _exclude_keys_args(overrides)
         elif primary:
             run_dir = Path(values.get("hydra.run.dir", "outputs/runs"))

@@ -350,20 +350,21 @@ def test_a_signal_before_any_checkpoint_does_not_claim_one(tmp_path, monkeypatch
     assert latest_checkpoint(run_dir) is None and not [r for r in read_rows(run_dir) if "eval/llm1/kl" in r]
 
 
-def test_a_full_disk_is_one_line_naming_the_file_and_keeps_what_was_written(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS], ids=["disk-full", "read-only"])
+def test_a_failed_write_is_one_line_naming_the_file_and_keeps_what_was_written(tmp_path, monkeypatch, capsys, code):
     real_save, calls = cory.checkpoints.save_file, []
 
     def save_file_or_full(tensors, path, *args, **kwargs):
         calls.append(path)
         if len(calls) == 2:  # the second checkpoint
-            raise OSError(errno.ENOSPC, "No space left on device", path)
+            raise OSError(code, os.strerror(code), path)
         return real_save(tensors, path, *args, **kwargs)
 
     monkeypatch.setattr(cory.checkpoints, "save_file", save_file_or_full)
     run_dir, args = tmp_path / "run", ["experiment=smoke", "progress=false", *overrides("ppo")[1:]]
     message = cory.train.run_reporting_errors(compose_cfg(args), run_dir, args, "train.log")
     err = capsys.readouterr().err
-    assert err == f"error: {message}\n" and message.startswith(f"cannot write {calls[1]} (No space left on device)")
+    assert err == f"error: {message}\n" and message.startswith(f"cannot write {calls[1]} ({os.strerror(code)})")
     assert f"the run folder {run_dir} keeps everything written" in message
     assert latest_checkpoint(run_dir).name == "iter_000002"
     assert [r["iteration"] for r in read_rows(run_dir) if "train/llm1/kl" in r] == [0, 1, 2, 3]

@@ -145,6 +145,15 @@ def test_a_sweep_over_a_key_left_out_of_folder_names_keeps_jobs_apart(tmp_path, 
     assert names == ["eval_every=0,iterations=1/seed=0", "eval_every=1,iterations=1/seed=0"]
 
 
+def test_a_sweep_refuses_a_folder_that_holds_one(tmp_path, monkeypatch, capsys):
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "multirun.yaml").write_text("{}")
+    code, err = run_main(monkeypatch, capsys, "-m", "experiment=smoke", "seed=0,1", f"hydra.sweep.dir={sweep}")
+    assert code == 2 and err == f"error: hydra.sweep.dir={sweep} already holds a sweep; choose a new folder\n"
+    assert [p.name for p in sweep.iterdir()] == ["multirun.yaml"]
+
+
 # ---------------------------------------------------------------------------------------------- folder ownership
 @pytest.fixture
 def finished(tmp_path) -> Path:
