@@ -271,8 +271,9 @@ def resumable(key: str) -> bool:
     return any(key == k or key.startswith(k + ".") for k in RESUMABLE_KEYS)
 
 
-def apply_resume_changes(saved: DictConfig, requested: DictConfig, changes: dict, folder: Path) -> DictConfig:
-    """`saved` with the allowed `changes` applied; any other change is refused in one line naming the keys."""
+def apply_resume_changes(saved: DictConfig, requested: dict, changes: dict, folder: Path) -> DictConfig:
+    """`saved` with the allowed `changes` applied (whole subtrees, e.g. `logger`, taken from the resolved
+    `requested` config); any other change is refused in one line naming the keys."""
     refused = [k for k in changes if not resumable(k)]
     if refused:
         shown = ", ".join(f"{k} ({_show(changes[k][0])} → {_show(changes[k][1])})" for k in refused)
@@ -283,7 +284,10 @@ def apply_resume_changes(saved: DictConfig, requested: DictConfig, changes: dict
     out = OmegaConf.create(OmegaConf.to_container(saved))
     for key in changes:
         top = next(k for k in RESUMABLE_KEYS if key == k or key.startswith(k + "."))
-        OmegaConf.update(out, top, OmegaConf.select(requested, top), merge=False, force_add=True)
+        value = requested
+        for part in top.split("."):
+            value = value[part]
+        OmegaConf.update(out, top, value, merge=False, force_add=True)
     return out
 
 
@@ -291,7 +295,7 @@ def _show(value: Any) -> str:
     return repr(value) if isinstance(value, str) else str(value)
 
 
-def check_extension(folder: Path, iterations: int, done: int | None, pending_eval: bool, final_saved: bool) -> str:
+def check_extension(folder: Path, iterations: int, done: int | None, pending_eval: bool, completed: bool) -> str:
     """What resuming does given the latest checkpoint: "continue", or "finished" (nothing left to do).
 
     Args:
@@ -299,13 +303,13 @@ def check_extension(folder: Path, iterations: int, done: int | None, pending_eva
         iterations: the (possibly extended) number of iterations the resumed run asks for.
         done: iterations completed by the latest checkpoint (None: no checkpoint).
         pending_eval: the checkpoint was written on a signal before an evaluation it still owes.
-        final_saved: the run completed earlier (summary.json says so).
+        completed: the run completed earlier (its summary.json says so).
 
     Raises:
         ConfigError: fewer iterations than already done, or a completed run without a checkpoint to extend.
     """
     if done is None:
-        if final_saved:
+        if completed:
             raise ConfigError(
                 f"resume={folder}: the run completed but saved no checkpoint (save_every=0 and save_final=false), "
                 f"so it cannot be continued; start a new run with save_final=true to extend runs later"
@@ -313,7 +317,7 @@ def check_extension(folder: Path, iterations: int, done: int | None, pending_eva
         return "continue"  # stopped before its first checkpoint: it starts over, in the same folder
     if iterations < done:
         raise ConfigError(f"iterations={iterations}: the run at {folder} has already done {done} iterations")
-    if iterations == done and not pending_eval:
+    if iterations == done and (completed or not pending_eval):  # a completed run did its pending evaluation
         return "finished"
     return "continue"
 
@@ -371,8 +375,8 @@ def write_error_message(err: OSError, run_dir: Path) -> str:
     """One line for a failed write (disk full, read-only or unwritable folder): what, where, and what is kept."""
     what = err.strerror or type(err).__name__
     where = f" {err.filename}" if err.filename else ""
+    then = f"resume with `python -m cory.train resume={run_dir}`" if holds_run(run_dir) else "start the run again"
     return (
         f"cannot write{where} ({what}); the run folder {run_dir} keeps everything written before this point "
-        f"(the last complete checkpoint included). Free space or fix permissions, then resume with "
-        f"`python -m cory.train resume={run_dir}`"
+        f"(the last complete checkpoint included). Free space or fix permissions, then {then}"
     )

@@ -19,10 +19,11 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import InstantiationException
+from hydra.errors import HydraException, InstantiationException
 from hydra.types import RunMode
 from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from cory import cli, distributed, runs, runtime
 from cory.checkpoints import CheckpointError, latest_checkpoint, read_state, truncate_lines
@@ -206,20 +207,20 @@ def _resume_config(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> 
     changes: dict = {}
     if new:
         original = [o for o in original if cli.override_key(o) not in {cli.override_key(n) for n in new}]
-        base, requested = cli.compose(original), cli.compose(original + new)
-        changes = runs.resume_changes(
-            OmegaConf.to_container(saved, resolve=True),
-            OmegaConf.to_container(base, resolve=True),
-            OmegaConf.to_container(requested, resolve=True),
-            named=[cli.override_key(o) for o in new],
-        )
+        try:
+            composed = [cli.compose(o) for o in (original, original + new)]
+            base, requested = (OmegaConf.to_container(c, resolve=True) for c in composed)
+        except (HydraException, OmegaConfBaseException) as err:  # e.g. a config group renamed since the run began
+            raise ConfigError(f"resume={folder}: its overrides no longer compose ({cli.one_line(err)})") from None
+        saved_values = OmegaConf.to_container(saved, resolve=True)
+        changes = runs.resume_changes(saved_values, base, requested, named=[cli.override_key(o) for o in new])
         saved = runs.apply_resume_changes(saved, requested, changes, folder)
     saved.resume = str(cfg.resume)
     return saved, changes, new
 
 
 def _resume_point(cfg: DictConfig, run_dir: Path) -> str:
-    """ "continue", or "finished" (said, and nothing is touched) when the run has nothing left to do."""
+    """Whether the resumed run has work left: "continue", or "finished" (said, and nothing is touched)."""
     checkpoint = latest_checkpoint(run_dir)
     state = read_state(checkpoint) if checkpoint is not None else None
     summary = run_dir / "summary.json"

@@ -188,7 +188,7 @@ class Trainer:
                 self.pending_eval = False
 
     def _print_stopped(self, saved: bool) -> None:
-        what = "checkpoint saved" if saved else f"no new checkpoint. {self._last_good()}"
+        what = "checkpoint saved." if saved else f"no new checkpoint. {self._last_good()}"
         print(
             f"\n[cory] stopped after iteration {self.iteration} on a signal; {what} "
             f"Resume with: python -m cory.train resume={self.run_dir}",
