@@ -2,8 +2,8 @@
 
 - Folder names resolve for single runs and sweeps (`${hydra:...}` cannot be used in `hydra.sweep.dir`), read
   like a table row, and differ between two starts of the same second.
-- Real `python -m cory.train -m` sweeps of the tiny model with the basic and the joblib launcher write one
-  complete folder per job; a failing job is one `error:` line, leaves no folder, and the other job runs.
+- A real `python -m cory.train -m` sweep of the tiny model (joblib launcher) writes one complete folder per
+  job; with the basic launcher, a failing job is one `error:` line, leaves no folder, and the other job runs.
 - A folder belongs to one run: a new run refuses a folder that holds one (before Hydra writes into it), a live
   process's lock refuses a second process, a dead process's lock is taken over; two runs started together get
   two folders.
@@ -94,11 +94,11 @@ def test_two_runs_started_together_run_in_two_folders(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------------- real sweeps
-@pytest.mark.parametrize(
-    "launcher", [[], ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]], ids=["basic", "joblib"]
-)
-def test_a_two_job_sweep_writes_one_complete_folder_per_job(tmp_path, launcher):
+def test_a_two_job_sweep_writes_one_complete_folder_per_job(tmp_path):
+    """Through the real command line, with the joblib launcher (two worker processes). The basic launcher runs
+    the same jobs in-process: the README's sweep (tests/test_commands.py) and the tests below."""
     cmd = [sys.executable, "-m", "cory.train", "-m", "experiment=smoke", "iterations=1", "seed=0,1", "progress=false"]
+    launcher = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
     out = subprocess.run(
         [*cmd, f"cache_dir={tmp_path / 'cache'}", *launcher],
         cwd=tmp_path,
