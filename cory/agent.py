@@ -295,16 +295,17 @@ class Agent:
                 "ratio_threshold_hit": float(hit),
             }
 
-    def _trainable_params(self) -> list[torch.nn.Parameter]:
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        """The tensors the optimiser steps; the trainer checks them for finiteness after every step."""
         return [p for p in self.policy.parameters() if p.requires_grad]
 
     def _new_optimizer(self) -> torch.optim.Adam:
         """Adam with torch defaults, no weight decay, constant learning rate (docs/method.md §2.1)."""
-        return torch.optim.Adam(self._trainable_params(), lr=self.config.learning_rate)
+        return torch.optim.Adam(self.trainable_parameters(), lr=self.config.learning_rate)
 
     def _optimizer_step(self) -> bool:
         """Average gradients across processes, clip, step; a non-finite gradient skips the step (False)."""
-        params = self._trainable_params()
+        params = self.trainable_parameters()
         if world_size() > 1:  # data-parallel: average gradients over processes (cory/distributed.py)
             for p in params:
                 if p.grad is not None:

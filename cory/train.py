@@ -1,29 +1,37 @@
 """The single entrypoint: `python -m cory.train [hydra overrides]`.
 
-`main` is the thin Hydra layer; `train(cfg, run_dir)` does the work and is what tests call.
+`main` prepares the command line (`cory.cli`) and hands it to Hydra; `_hydra_main` reports user errors as one
+`error:` line; `train(cfg, run_dir, overrides)` does the work and is what tests call. A run folder belongs to
+one run (`cory.runs`): a new run never starts in a folder that holds one, and `resume=<folder>` continues the
+run there with its own config, changed only where the resume command says so and is allowed to.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import json
 import os
 import sys
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import InstantiationException
+from hydra.errors import HydraException, InstantiationException
+from hydra.types import RunMode
 from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from cory import distributed, runtime
+from cory import cli, distributed, runs, runtime
+from cory.checkpoints import CheckpointError, latest_checkpoint, read_state, truncate_lines
 from cory.config import ConfigError, validate
 from cory.hub import AssetUnavailableError
-from cory.trainer import CheckpointError, NonFiniteError, RunSettings, Trainer, latest_checkpoint, truncate_lines
+from cory.trainer import NonFiniteError, RunSettings, Trainer
 
-RUN_CONFIG = "run_config.yaml"  # the resolved config of the first start; a resumed run reuses it
-# Errors whose message is written for the user: `main` prints them as one `error:` line and exits with code 2.
+# Errors whose message is written for the user: printed as one `error:` line, exit code 2.
 USER_ERRORS = (ConfigError, AssetUnavailableError, CheckpointError, NonFiniteError)
 
 
@@ -48,16 +56,40 @@ def build_agent(name: str, *, model, ref_model, tokenizer, cfg: DictConfig, devi
     )
 
 
-def train(cfg: DictConfig, run_dir: Path) -> dict:
-    """Validate, build task/agents/algorithm/logger, train, evaluate; returns the run summary."""
+def train(cfg: DictConfig, run_dir: Path, overrides: Sequence[str] = ()) -> dict:
+    """Validate, own the run folder, build task/agents/algorithm/logger, train, evaluate; returns the summary.
+
+    Args:
+        cfg: the composed config (`resume=<folder>` set: the run's own config is used instead, see `cory.runs`).
+        run_dir: the run folder (a resumed run continues in its own folder, so they must be the same).
+        overrides: the command-line overrides this config was composed from, recorded in `starts.jsonl`; on
+            resume they are compared with the run's config key by key.
+    """
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    primary = int(os.environ.get("RANK", "0")) == 0  # data-parallel: rank 0 owns the folder
     resuming = bool(cfg.get("resume"))
+    changes: dict = {}
     if resuming:
-        cfg = _resume_config(cfg, run_dir)
+        cfg, changes, overrides = _resume_config(cfg, run_dir, overrides)
     validate(cfg)  # before anything loads: a bad value costs seconds, not a model load
-    if not resuming:
-        (run_dir / RUN_CONFIG).write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    with runs.own(run_dir, resuming, primary):
+        if resuming and _resume_point(cfg, run_dir) == "finished":
+            return json.loads((run_dir / "summary.json").read_text())
+        if primary and not resuming:
+            (run_dir / runs.RUN_CONFIG).write_text(OmegaConf.to_yaml(cfg, resolve=True))
+
+        def record_start(iteration: int) -> None:  # once the run is built and its checkpoint loaded
+            if primary:
+                runs.record_start(run_dir, overrides, changes, iteration)
+                for key, (old, new) in changes.items():
+                    print(f"[cory] resume changes {key}: {old} → {new} (recorded in {run_dir / runs.STARTS})")
+
+        return _train(cfg, run_dir, resuming, record_start)
+
+
+def _train(cfg: DictConfig, run_dir: Path, resuming: bool, record_start: Callable[[int], None]) -> dict:
+    """Build everything, restore the checkpoint when resuming, record the start (`record_start(iteration)`),
+    train, plot and print the summary."""
     seed = runtime.seed_everything(cfg.seed, cfg.hardware.get("deterministic", False))
     device = distributed.init_from_env(runtime.resolve_device(cfg.hardware.device))  # accelerate/torchrun
 
@@ -83,28 +115,18 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         "model": _choice("model"),
         "git_sha": runtime.git_sha(),
     }
-    settings = RunSettings(
-        iterations=cfg.iterations,
-        batch_size=cfg.batch_size,
-        seed=cfg.seed,
-        eval_every=cfg.eval_every,
-        num_eval=cfg.num_eval,
-        eval_batch_size=cfg.eval_batch_size,
-        save_every=cfg.save_every,
-        keep_checkpoints=cfg.keep_checkpoints,
-        max_bad_iterations=cfg.max_bad_iterations,
-        progress=cfg.progress,
-    )
+    settings = RunSettings(**{f.name: cfg[f.name] for f in dataclasses.fields(RunSettings)})
     trainer = Trainer(algorithm, task, logger=None, run_dir=run_dir, settings=settings, run_info=run_info)
     if resuming:
         checkpoint = latest_checkpoint(run_dir)
-        if checkpoint is not None:
+        if checkpoint is not None:  # checked whole before anything changes: a refusal leaves the folder as it was
             trainer.load_checkpoint(checkpoint)  # restores run_info too: the run keeps its identity
         # rows logged after the checkpoint are dropped (all of them without one): they are logged again
         truncate_lines(run_dir / "metrics.jsonl", trainer.metrics_lines)
         truncate_lines(run_dir / "samples.jsonl", trainer.samples_lines)
         where = checkpoint.name if checkpoint is not None else "the start (no checkpoint yet)"
         print(f"[cory] resumed {run_dir} from {where} (iteration {trainer.iteration})", flush=True)
+    record_start(trainer.iteration)  # only a start that got this far is one
     with runtime.rng_untouched():  # wandb.init may draw random numbers; the run's streams must not move
         trainer.logger = (
             _make_logger(cfg, run_dir, trainer.run_info, trainer.wandb_run_id)
@@ -141,12 +163,16 @@ class NullLogger:
 
 
 def _instantiate(node: DictConfig, **kwargs):
-    """`hydra.utils.instantiate`, re-raising our one-line user errors that Hydra wraps in its own exception."""
+    """`hydra.utils.instantiate`, re-raising our one-line user errors that Hydra wraps in its own exception. A
+    constructor's ValueError is its verdict on an input (too few reviews for the held-out slice, ...): one line
+    naming the target."""
     try:
         return instantiate(node, **kwargs)
     except InstantiationException as err:
         if isinstance(err.__cause__, USER_ERRORS):
             raise err.__cause__ from None
+        if isinstance(err.__cause__, ValueError):
+            raise ConfigError(f"{node._target_}: {cli.one_line(err.__cause__)}") from None
         raise
 
 
@@ -169,14 +195,48 @@ def _make_logger(cfg: DictConfig, run_dir: Path, run_info: dict, run_id: str | N
     return get_object(cfg.logger._target_)(**kwargs)
 
 
-def _resume_config(cfg: DictConfig, run_dir: Path) -> DictConfig:
-    """The stopped run's own config; command-line overrides other than `resume`/`progress` are ignored."""
-    saved = Path(cfg.resume) / RUN_CONFIG
-    if not saved.exists():
-        raise ConfigError(f"resume={cfg.resume}: no {RUN_CONFIG} there; is it a cory run folder?")
-    old = OmegaConf.load(saved)
-    old.resume, old.progress = cfg.resume, cfg.progress
-    return old
+def _resume_config(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> tuple[DictConfig, dict, list[str]]:
+    """The stopped run's own config with the changes the resume command asks for and is allowed to make.
+
+    `overrides` are the run's original ones followed by the resume command's (`cli.resume_overrides`); the
+    latter are the new ones, returned with the changes they make.
+    """
+    folder = Path(cfg.resume)
+    if folder.resolve() != run_dir.resolve():
+        raise ConfigError(f"resume={folder} continues the run in its own folder, not in {run_dir}")
+    saved = runs.load_run_config(folder)
+    original = runs.original_overrides(folder)
+    new = [o for o in overrides if o not in original and cli.override_key(o) != "resume"]
+    changes: dict = {}
+    if new:
+        original = [o for o in original if cli.override_key(o) not in {cli.override_key(n) for n in new}]
+        try:
+            composed = [cli.compose(o) for o in (original, original + new)]
+            base, requested = (OmegaConf.to_container(c, resolve=True) for c in composed)
+        except (HydraException, OmegaConfBaseException) as err:  # e.g. a config group renamed since the run began
+            raise ConfigError(f"resume={folder}: its overrides no longer compose ({cli.one_line(err)})") from None
+        saved_values = OmegaConf.to_container(saved, resolve=True)
+        changes = runs.resume_changes(saved_values, base, requested, named=[cli.override_key(o) for o in new])
+        saved = runs.apply_resume_changes(saved, requested, changes, folder)
+    saved.resume = str(cfg.resume)
+    return saved, changes, new
+
+
+def _resume_point(cfg: DictConfig, run_dir: Path) -> str:
+    """Whether the resumed run has work left: "continue", or "finished" (said, and nothing is touched)."""
+    checkpoint = latest_checkpoint(run_dir)
+    state = read_state(checkpoint) if checkpoint is not None else None
+    summary = run_dir / "summary.json"
+    completed = summary.is_file() and json.loads(summary.read_text() or "{}").get("completed") is True
+    done = state["iteration"] if state else None
+    action = runs.check_extension(run_dir, cfg.iterations, done, bool(state and state.get("pending_eval")), completed)
+    if action == "finished":
+        print(
+            f"[cory] {run_dir} already completed its {done} iterations; nothing to do. To extend it: "
+            f"python -m cory.train resume={run_dir} iterations=<more than {done}>",
+            flush=True,
+        )
+    return action
 
 
 def _choice(group: str) -> str | None:
@@ -199,48 +259,45 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
     print("\n".join(lines))
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="train")
-def _hydra_main(cfg: DictConfig) -> None:
+def run_reporting_errors(cfg: DictConfig, run_dir: Path, overrides: Sequence[str], job_log: str) -> dict | str:
+    """`train`, with every failure meant for the user printed as one `error:` line and returned as a string.
+
+    A failed write (disk full, read-only or unwritable folder) names the path; what was written stays. A run
+    refused before it started leaves no folder behind (Hydra's own files in it are removed).
+    """
     try:
-        train(cfg, Path(HydraConfig.get().runtime.output_dir))
+        return train(cfg, run_dir, overrides)
     except USER_ERRORS as err:
-        print("error: " + " ".join(str(err).split()), file=sys.stderr, flush=True)  # one line, no traceback
+        message = cli.one_line(err)
+    except OSError as err:
+        if err.errno not in runs.WRITE_ERRNOS:
+            raise
+        message = runs.write_error_message(err, run_dir)
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    runs.remove_if_unused(run_dir, [".hydra", job_log])
+    return message
+
+
+@hydra.main(version_base="1.3", config_path=str(cli.CONF_DIR), config_name="train")  # absolute: works in-process
+def _hydra_main(cfg: DictConfig) -> None:
+    hc = HydraConfig.get()
+    run_dir = Path(hc.runtime.output_dir)
+    out = run_reporting_errors(cfg, run_dir, list(hc.overrides.task), f"{hc.job.name}.log")
+    sweep = hc.mode == RunMode.MULTIRUN
+    if isinstance(out, str):
+        if sweep:  # the other jobs still run; `main` reports the failure once the sweep is over
+            raise cli.SweepJobError(f"{run_dir}: {out}")
         sys.exit(2)
+    if sweep and out.get("stopped_by") and hc.launcher._target_.endswith("BasicLauncher"):
+        # jobs run one after another in this process: a signal stops the sweep, not just this job
+        print("[cory] the sweep stops here; jobs not started yet were not run", flush=True)
+        sys.exit(0)
 
 
 def main() -> None:
-    """`resume=<run folder>` makes Hydra reuse that folder as its run dir, so the run continues in place."""
-    for arg in sys.argv[1:]:
-        folder = arg[len("resume=") :] if arg.startswith("resume=") else ""
-        if folder and folder != "null":
-            if not os.path.isdir(folder):  # checked before Hydra, which would create the folder
-                print(f"error: resume={folder}: no such run folder", file=sys.stderr)
-                sys.exit(2)
-            if not any(a.startswith("hydra.run.dir=") for a in sys.argv):
-                sys.argv.append(f"hydra.run.dir={os.path.abspath(folder)}")
-            # Hydra's snapshot of this start (the default config + `resume=`) must not replace the run's own
-            sys.argv.append("hydra.output_subdir=.hydra/resumed")
-    _check_composes(sys.argv[1:])
-    _hydra_main()
-
-
-def _check_composes(overrides: list[str]) -> None:
-    """A wrong option (`task/reward=nope`) or key (`algorithm.agent.lr=1`) as one `error:` line and exit code 2,
-    like every other configuration error, instead of Hydra's multi-line report. Single runs only: flags
-    (`--cfg`, `-m` sweeps) go straight to Hydra."""
-    if any(arg.startswith("-") for arg in overrides):
-        return
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    try:
-        with initialize_config_dir(version_base="1.3", config_dir=str(Path(__file__).resolve().parents[1] / "conf")):
-            compose("train", overrides=overrides)
-    except (HydraException, OmegaConfBaseException) as err:
-        message = " ".join(str(err).split()).split(" Config search path:")[0]  # the search path is noise here
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)
+    """Prepare the command line (resume, run-folder checks, sweep folder names), then run Hydra."""
+    sys.argv = [sys.argv[0], *cli.prepare(sys.argv[1:])]
+    cli.run_hydra(_hydra_main)
 
 
 if __name__ == "__main__":

@@ -1,38 +1,48 @@
 """The algorithm-agnostic loop: batches → `algorithm.step` → metrics → evaluation → checkpoints.
 
-It never branches on PPO vs CORY. Everything random is either derived from (seed, iteration)
-— data order and length draws — or saved in the checkpoint — the global RNGs and each agent's stream — so a
-resumed run continues exactly. Checkpoints are written to a temporary folder and renamed, so a crash
-while writing leaves the previous one intact.
+It never branches on PPO vs CORY. Everything random is either derived from (seed, iteration) — data order and
+length draws — or saved in the checkpoint — the global RNGs and each agent's stream — so a resumed run
+continues exactly. Checkpoints are written to a temporary folder and renamed, so a crash while writing leaves
+the previous one intact; loading one checks every file and every weight before the run trusts it.
+
+On SIGTERM/SIGINT the current iteration finishes and is checkpointed at once, before any evaluation it was
+due (the checkpoint records that evaluation as pending; the resumed run does it first), so the exit fits a
+cluster's grace period. Weights that turn non-finite stop the run before they can be saved.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-import os
-import shutil
+import re
 import signal
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from cory import distributed, runtime
 from cory.algorithms.base import Algorithm
+from cory.checkpoints import (
+    CHECKPOINT_FORMAT,
+    CheckpointError,
+    latest_checkpoint,
+    load_agent,
+    load_torch_rng,
+    read_state,
+    write_checkpoint,
+)
 from cory.config import ConfigError
 from cory.evaluation import eval_lengths, evaluate
 from cory.tasks.base import Task
 
-CHECKPOINT_FORMAT = 2  # 2: trainer.json records samples_lines (older checkpoints are refused, not misread)
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that is missing, corrupt or from an incompatible run."""
+# torch's message when a sampling distribution or a kernel meets inf/NaN (e.g. weights blown up by a huge step)
+_NONFINITE_RUNTIME = re.compile(r"\b(inf|nan)\b", re.IGNORECASE)
 
 
 class NonFiniteError(RuntimeError):
@@ -49,7 +59,8 @@ class RunSettings:
     eval_every: int = 0  # 0: evaluate only before training and at the end
     num_eval: int | None = None  # held-out prompts per evaluation (None: all the task provides)
     eval_batch_size: int = 64
-    save_every: int = 0  # 0: checkpoint only at the end (and on SIGTERM/SIGINT)
+    save_every: int = 0  # checkpoint cadence, plus the last iteration; 0: none (SIGTERM/SIGINT always save)
+    save_final: bool = False  # with save_every=0: still checkpoint the last iteration (so it can be extended)
     keep_checkpoints: int = 2
     max_bad_iterations: int = 3
     progress: bool = True
@@ -74,13 +85,16 @@ class Trainer:
             )
         self.eval_queries = task.eval_queries()[: settings.num_eval]
         self.eval_lengths = eval_lengths(len(self.eval_queries), task.max_new_tokens, settings.seed)
+        self._check_context()
         self.iteration = 0  # number of completed iterations
+        self.pending_eval = True  # an evaluation owed at `iteration` (a fresh run owes the one before training)
         self.reseed_at = 0  # iteration of the last RNG reseed (official swap); length draws restart from it
         self.bad_streak = 0
         self.nonfinite_iterations = 0
         self.metrics_lines = 0  # lines written to metrics.jsonl / samples.jsonl: a resume truncates to these
         self.samples_lines = 0
         self.stop_requested = False
+        self.stopped_by: str | None = None  # the signal that stopped the run (SIGTERM, SIGINT)
         self.wandb_run_id = getattr(logger, "run_id", None)
 
     # ------------------------------------------------------------------------------------------------ data
@@ -111,39 +125,28 @@ class Trainer:
             desc=self.run_info.get("algorithm", "train"),
         )
         try:
-            if self.iteration == 0:
-                self._log(self.evaluate(), step=0)  # before any update
+            self._run_pending_eval()  # before any update, or the one a signal deferred to this resume
             for k in bar:
-                if self.stop_requested:  # the signal came before the first iteration: nothing new to save
+                if self.stop_requested:  # the signal came before this iteration: nothing new to save
                     self._print_stopped(saved=False)
                     break
-                t0 = time.perf_counter()
-                out = self.algorithm.step(self.batch(k), self.max_new_tokens(k), k)
-                if out.reseed:
-                    self._reseed(k + 1)
-                metrics = out.metrics | {
-                    "time/iteration_s": time.perf_counter() - t0,
-                    "memory/peak_mb": runtime.peak_memory_mb(self._device()),
-                }
-                bad = self._count_nonfinite(metrics)
-                metrics["train/nonfinite_iterations"] = float(self.nonfinite_iterations)
-                self._log(metrics, step=k, samples=out.samples)
-                bar.set_postfix(self._postfix(metrics), refresh=False)
+                bad = self._iteration(k, bar)
                 self.iteration = k + 1
                 last = self.iteration == self.s.iterations
-                if last or (self.s.eval_every and self.iteration % self.s.eval_every == 0):
-                    self._log(self.evaluate(), step=self.iteration)
+                self.pending_eval = last or bool(self.s.eval_every and self.iteration % self.s.eval_every == 0)
+                if not self.stop_requested:  # on a signal the checkpoint comes first; the resume evaluates
+                    self._run_pending_eval()
                 if bad and self.bad_streak >= self.s.max_bad_iterations:
                     raise NonFiniteError(
                         f"{self.bad_streak} consecutive iterations had a non-finite loss, reward or KL "
-                        f"(max_bad_iterations={self.s.max_bad_iterations}, last: iteration {k}); stopping. The last "
-                        f"good checkpoint is intact under {self.run_dir / 'checkpoints'}; lower the learning rate "
-                        f"or check the reward."
+                        f"(max_bad_iterations={self.s.max_bad_iterations}, last: iteration {k}); stopping. "
+                        f"{self._last_good()} Start a new run with a lower algorithm.agent.learning_rate, or "
+                        f"check the reward."
                     )
+                due = self.s.save_every and self.iteration % self.s.save_every == 0
+                final = last and (self.s.save_every or self.s.save_final)
                 # a bad iteration is never checkpointed: resuming restarts from the last good one
-                if not bad and (
-                    last or self.stop_requested or (self.s.save_every and self.iteration % self.s.save_every == 0)
-                ):
+                if not bad and (due or final or self.stop_requested):
                     self.save_checkpoint()
                 if self.stop_requested:
                     self._print_stopped(saved=not bad)
@@ -159,41 +162,69 @@ class Trainer:
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
 
+    def _iteration(self, k: int, bar: tqdm) -> bool:
+        """One training iteration: step, metrics, log, weight check. Returns whether it was non-finite."""
+        t0 = time.perf_counter()
+        with self._nonfinite_guard(f"iteration {k}"):
+            out = self.algorithm.step(self.batch(k), self.max_new_tokens(k), k)
+        if out.reseed:
+            self._reseed(k + 1)
+        metrics = out.metrics | {
+            "time/iteration_s": time.perf_counter() - t0,
+            "memory/peak_mb": runtime.peak_memory_mb(self._device()),
+        }
+        bad = self._count_nonfinite(metrics)
+        metrics["train/nonfinite_iterations"] = float(self.nonfinite_iterations)
+        self._log(metrics, step=k, samples=out.samples)
+        self._check_weights(k)
+        bar.set_postfix(self._postfix(metrics), refresh=False)
+        return bad
+
+    def _run_pending_eval(self) -> None:
+        if self.pending_eval:
+            metrics = self.evaluate()
+            if metrics is not None:  # None: a signal interrupted it; it stays pending
+                self._log(metrics, step=self.iteration)
+                self.pending_eval = False
+
     def _print_stopped(self, saved: bool) -> None:
-        what = "checkpoint saved" if saved else "no new checkpoint (the last good one is kept)"
+        what = "checkpoint saved." if saved else f"no new checkpoint. {self._last_good()}"
         print(
-            f"\n[cory] stopped after iteration {self.iteration} on a signal; {what}. "
+            f"\n[cory] stopped after iteration {self.iteration} on a signal; {what} "
             f"Resume with: python -m cory.train resume={self.run_dir}",
             flush=True,
         )
 
-    def evaluate(self) -> dict[str, float]:
+    def _last_good(self) -> str:
+        """Where a stopped run can be resumed from, said only when it is true."""
+        latest = latest_checkpoint(self.run_dir)
+        if latest is None:
+            return "No checkpoint was written before this point (a resume starts over)."
+        return f"The last good checkpoint, {latest}, is intact."
+
+    def evaluate(self) -> dict[str, float] | None:
+        """Held-out metrics of every agent; None when a signal arrived meanwhile (the rest is skipped)."""
         metrics: dict[str, float] = {}
         if not distributed.is_main():  # rank 0 evaluates and logs; the others go on to the next iteration
             return metrics
+        tables = []
         for agent_id, agent in self.algorithm.agents.items():
-            m, samples = evaluate(
-                agent, self.task, self.eval_queries, self.eval_lengths, self.s.eval_batch_size, seed=self.s.seed
-            )  # common random numbers: before/after differ by the policy only
+            if self.stop_requested:
+                return None
+            with self._nonfinite_guard(f"the evaluation at iteration {self.iteration}"):
+                m, samples = evaluate(
+                    agent, self.task, self.eval_queries, self.eval_lengths, self.s.eval_batch_size, seed=self.s.seed
+                )  # common random numbers: before/after differ by the policy only
             metrics |= {f"eval/{agent_id}/{k}": v for k, v in m.items()}
-            self.logger.log_table(f"eval/{agent_id}/samples", samples, self.iteration)
+            tables.append((f"eval/{agent_id}/samples", samples))
+        for name, samples in tables:  # written once the evaluation is complete, with its metrics
+            self.logger.log_table(name, samples, self.iteration)
             self.samples_lines += len(samples)
         return metrics
 
     # ------------------------------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> Path:
-        """Write `checkpoints/iter_<k>` atomically (temp folder + rename) and keep the last K."""
-        root = self.run_dir / "checkpoints"
-        final = root / f"iter_{self.iteration:06d}"
-        if not distributed.is_main():  # weights are identical on every process: rank 0 writes them
-            return final
-        tmp = root / f".tmp-iter_{self.iteration:06d}-{os.getpid()}"
-        for stale in root.glob(".tmp-*"):  # left by a crash mid-write; one process writes a run's checkpoints
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        for agent_id, agent in self.algorithm.agents.items():
-            agent.save(tmp / "agents" / agent_id)
-        save_file(runtime.torch_rng_states(), str(tmp / "torch_rng.safetensors"))
+        """Write `checkpoints/iter_<k>` atomically and keep the last `keep_checkpoints`."""
         state = {
             "format": CHECKPOINT_FORMAT,
             "iteration": self.iteration,
@@ -207,33 +238,25 @@ class Trainer:
             "samples_lines": self.samples_lines,
             "wandb_run_id": self.wandb_run_id,
             "run_info": self.run_info,
+            "pending_eval": self.pending_eval,
         }
-        (tmp / "trainer.json").write_text(json.dumps(state))  # written last: its presence marks completeness
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        for old in sorted(p for p in root.glob("iter_*") if p.is_dir())[: -self.s.keep_checkpoints]:
-            shutil.rmtree(old, ignore_errors=True)
+        final = self.run_dir / "checkpoints" / f"iter_{self.iteration:06d}"
+        if distributed.is_main():  # weights are identical on every process: rank 0 writes them
+            write_checkpoint(final, self.algorithm.agents, state, self.s.keep_checkpoints)
         return final
 
     def load_checkpoint(self, path: Path) -> None:
-        """Restore everything `save_checkpoint` wrote; refuse a corrupt or incompatible one in one message."""
-        try:
-            state = json.loads((path / "trainer.json").read_text())
-        except (OSError, ValueError) as err:
+        """Restore everything `save_checkpoint` wrote; refuse a damaged, incompatible or non-finite one in one
+        message naming the file, before anything of the run folder is changed."""
+        state = read_state(path)
+        if state["format"] != CHECKPOINT_FORMAT or state["agents"] != sorted(self.algorithm.agents):
             raise CheckpointError(
-                f"checkpoint {path} is unreadable ({err}); delete it to fall back to an earlier one"
-            ) from err
-        if state.get("format") != CHECKPOINT_FORMAT or state.get("agents") != sorted(self.algorithm.agents):
-            raise CheckpointError(
-                f"checkpoint {path} is incompatible with this run: format {state.get('format')} vs "
-                f"{CHECKPOINT_FORMAT}, agents {state.get('agents')} vs {sorted(self.algorithm.agents)}"
+                f"checkpoint {path} is incompatible with this run: format {state['format']} vs "
+                f"{CHECKPOINT_FORMAT}, agents {state['agents']} vs {sorted(self.algorithm.agents)}"
             )
-        try:
-            for agent_id, agent in self.algorithm.agents.items():
-                agent.load(path / "agents" / agent_id)
-            torch_states = load_file(str(path / "torch_rng.safetensors"))
-        except Exception as err:  # noqa: BLE001 - any failure here means a damaged checkpoint
-            raise CheckpointError(f"checkpoint {path} is corrupt or from another model: {err}") from err
+        for agent_id, agent in self.algorithm.agents.items():
+            load_agent(agent, path / "agents" / agent_id, path)
+        torch_states = load_torch_rng(path)
         self.algorithm.load_state_dict(state["algorithm"])
         runtime.set_rng_state(state["rng"])
         runtime.set_torch_rng_states(torch_states)
@@ -242,6 +265,7 @@ class Trainer:
         self.metrics_lines, self.samples_lines = state["metrics_lines"], state["samples_lines"]
         self.wandb_run_id = state["wandb_run_id"]
         self.run_info = state["run_info"]  # the run's identity (model choice, git SHA) is that of its first start
+        self.pending_eval = bool(state.get("pending_eval", False))
 
     # ------------------------------------------------------------------------------------------------ helpers
     def _log(self, metrics: dict[str, float], step: int, samples: list[dict] | None = None) -> None:
@@ -267,6 +291,59 @@ class Trainer:
         self.bad_streak = self.bad_streak + 1 if bad else 0
         self.nonfinite_iterations += int(bad)
         return bad
+
+    def _check_weights(self, k: int) -> None:
+        """After a step every trainable tensor must be finite; a NaN weight cannot be undone, so the run stops
+        here, before a checkpoint could hold it."""
+        for agent_id, agent in self.algorithm.agents.items():
+            if not all(torch.isfinite(p).all() for p in agent.trainable_parameters()):
+                raise NonFiniteError(
+                    f"iteration {k} left non-finite weights in {agent_id}; stopping without saving them. "
+                    f"{self._last_good()} Start a new run with a lower algorithm.agent.learning_rate "
+                    f"(this one: {agent.config.learning_rate})."
+                )
+
+    @contextlib.contextmanager
+    def _nonfinite_guard(self, what: str) -> Iterator[None]:
+        """Finite but exploded weights give inf/NaN logits, and sampling then fails inside torch: one line."""
+        try:
+            yield
+        except RuntimeError as err:
+            if not _NONFINITE_RUNTIME.search(str(err)):
+                raise
+            first = str(err).strip().splitlines()[0]
+            raise NonFiniteError(
+                f"{what} met non-finite numbers ({first}): the weights have diverged. {self._last_good()} "
+                f"Start a new run with a lower algorithm.agent.learning_rate."
+            ) from err
+
+    def _check_context(self) -> None:
+        """Refuse prompts that cannot fit the model's context with their longest response (before any step).
+
+        The longest prompt is the query-only one, or, for an algorithm that shows one agent's response to the
+        other (`knowledge_transfer`), the observer prompt with a response of the maximum length (an estimate
+        to within a token or two of tokenisation at the joins).
+        """
+        agent = next(iter(self.algorithm.agents.values()))
+        config = agent.policy.pretrained_model.config.get_text_config()
+        limit = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
+        queries = self.train_queries + self.eval_queries
+        if not limit or not queries:
+            return
+        hi = self.task.max_new_tokens[1]
+        ids = agent.tokenizer([self.task.pioneer_prompt(q) for q in queries], add_special_tokens=False)["input_ids"]
+        lengths = [len(x) for x in ids]
+        longest, what = max(lengths) + hi, "the longest prompt"
+        if getattr(self.algorithm, "knowledge_transfer", False):
+            query = queries[int(np.argmax(lengths))]
+            template = self.task.observer_prompt(query, "")
+            observer = len(agent.tokenizer(template, add_special_tokens=False)["input_ids"]) + 2 * hi
+            longest, what = max(longest, observer), "the longest observer prompt (with the pioneer's response)"
+        if longest > limit:
+            raise ConfigError(
+                f"{what} plus a response of task.max_new_tokens={hi} is {longest} tokens, more than the model's "
+                f"context of {limit} positions; lower task.max_new_tokens or use shorter prompts"
+            )
 
     def _reseed(self, at: int) -> None:
         runtime.seed_everything(self.s.seed)
@@ -295,17 +372,19 @@ class Trainer:
                 before[agent_id] = {k: initial.get(f"eval/{agent_id}/{k}") for k in keys}
         return self.run_info | {
             "iterations": self.iteration,
-            "completed": self.iteration == self.s.iterations,
+            "completed": self.iteration == self.s.iterations and not self.pending_eval,
+            "stopped_by": self.stopped_by,
             "agents": agents,
             "initial": before,
             "wall_time_s": wall_s,
         }
 
     def _install_signal_handlers(self) -> dict:
-        """SIGTERM (SLURM pre-emption) and SIGINT (Ctrl-C): finish the iteration, checkpoint, exit cleanly."""
+        """SIGTERM (SLURM pre-emption) and SIGINT (Ctrl-C): finish the iteration, checkpoint, exit cleanly.
+        Outside the main thread (a launcher's worker thread) handlers cannot be set; signals are left alone."""
 
         def handler(signum: int, _frame) -> None:
-            self.stop_requested = True
+            self.stop_requested, self.stopped_by = True, signal.Signals(signum).name
             print(
                 f"\n[cory] {signal.Signals(signum).name} received: finishing this iteration, then saving a "
                 f"checkpoint (send it again to abort at once)",
@@ -328,18 +407,3 @@ class Trainer:
                 signal.signal(sig, h)
             except (ValueError, TypeError):
                 pass
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest complete checkpoint folder (temporary folders of an interrupted write are ignored)."""
-    done = sorted(p for p in (Path(run_dir) / "checkpoints").glob("iter_*") if (p / "trainer.json").exists())
-    return done[-1] if done else None
-
-
-def truncate_lines(path: Path, keep: int) -> None:
-    """Keep the first `keep` lines of `path`: a resumed run's log then equals an uninterrupted one."""
-    if path.exists():
-        lines = path.read_text().splitlines(keepends=True)[:keep]
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text("".join(lines))
-        os.replace(tmp, path)

@@ -44,8 +44,6 @@ class CORY:
         generation_batch_size: int,
         log_samples: int,
     ) -> None:
-        if swap_period < 1:
-            raise ValueError(f"algorithm.swap_period must be >= 1, got {swap_period}")
         self.task, self.scorer = task, SafeScorer(task)
         # both agents start from the same weights, value head included (make_agent copies one initial model)
         self.agents = {"llm1": make_agent("llm1"), "llm2": make_agent("llm2")}

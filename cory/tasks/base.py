@@ -7,7 +7,8 @@ nothing about PPO or CORY.
 
 from __future__ import annotations
 
-from typing import Protocol
+import weakref
+from typing import ClassVar, Protocol
 
 
 class Task(Protocol):
@@ -47,12 +48,14 @@ class Task(Protocol):
 class SafeScorer:
     """Scores a batch; a sample whose reward raises gets the task's failure reward and is counted.
 
-    The first error is printed once, with its sample, so a broken reward is visible without flooding the log.
+    The first error is printed once per task, with its sample (training and evaluation scorers share the flag),
+    so a broken reward is visible without flooding the log.
     """
+
+    _reported: ClassVar[weakref.WeakSet] = weakref.WeakSet()  # tasks whose first reward error was printed
 
     def __init__(self, task: Task) -> None:
         self.task = task
-        self._reported = False
 
     def __call__(self, queries: list[str], responses: list[str]) -> tuple[list[float], int]:
         """Returns (scores, number of samples that failed in this call)."""
@@ -69,8 +72,8 @@ class SafeScorer:
             except Exception as err:  # noqa: BLE001 - any reward error becomes the failure reward
                 failed += 1
                 scores.append(float(self.task.failure_reward))
-                if not self._reported:
-                    self._reported = True
+                if self.task not in SafeScorer._reported:
+                    SafeScorer._reported.add(self.task)
                     print(
                         f"[cory] reward failed on query={q!r} response={a!r}: {type(err).__name__}: {err} "
                         f"(given failure_reward={self.task.failure_reward}; further failures are only counted)"

@@ -70,8 +70,6 @@ class IMDBTask:
         seed: int,
         name: str,
     ) -> None:
-        if source not in ("packaged", "hub"):
-            raise ValueError(f"task.source must be 'packaged' or 'hub', got {source!r}")
         self.name = name
         self.tokenizer = tokenizer
         self.reward = reward

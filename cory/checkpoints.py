@@ -1,0 +1,146 @@
+"""Checkpoint files: atomic writes, and reads that refuse a damaged, foreign or non-finite checkpoint in one line.
+
+A checkpoint `checkpoints/iter_<k>/` holds each agent's folder (`Agent.save`), the torch RNG states
+(safetensors) and `trainer.json`, written last. It is written into a temporary sibling and renamed, so a
+crash mid-write leaves the previous checkpoint intact. Reading checks, before anything is restored or any log
+is truncated: `trainer.json` has every key, no file is empty, nothing pickled other than tensors is loaded
+(`torch.load(weights_only=True)`), and every loaded weight and optimiser tensor is finite.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pickle
+import shutil
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from cory import runtime
+
+CHECKPOINT_FORMAT = 2  # 2: trainer.json records samples_lines (older checkpoints are refused, not misread)
+STATE_KEYS = (  # what trainer.json must hold (`pending_eval` is optional: older checkpoints have none)
+    "format",
+    "iteration",
+    "agents",
+    "algorithm",
+    "rng",
+    "reseed_at",
+    "bad_streak",
+    "nonfinite_iterations",
+    "metrics_lines",
+    "samples_lines",
+    "wandb_run_id",
+    "run_info",
+)
+
+
+# what every refusal tells the user to do: the run folder itself is never changed by a refused load
+_FALLBACK = "delete that checkpoint folder and resume again to continue from the one before it (or from the start)"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that is missing, corrupt or from an incompatible run; the message is one line."""
+
+
+def write_checkpoint(final: Path, agents: Mapping, state: dict, keep: int) -> None:
+    """Write `final` atomically (temporary folder + rename) and keep only the last `keep` checkpoints."""
+    root = final.parent
+    tmp = root / f".tmp-{final.name}-{os.getpid()}"
+    for stale in root.glob(".tmp-*"):  # left by a crash mid-write; one process writes a run's checkpoints
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for agent_id, agent in agents.items():
+        agent.save(tmp / "agents" / agent_id)
+    save_file(runtime.torch_rng_states(), str(tmp / "torch_rng.safetensors"))
+    (tmp / "trainer.json").write_text(json.dumps(state))  # written last: its presence marks completeness
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    for old in sorted(p for p in root.glob("iter_*") if p.is_dir())[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def read_state(path: Path) -> dict:
+    """`trainer.json` of a checkpoint, refused in one line when unreadable or missing keys."""
+    try:
+        state = json.loads((path / "trainer.json").read_text())
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"checkpoint {path} is unreadable ({err}); {_FALLBACK}") from None
+    missing = [k for k in STATE_KEYS if not isinstance(state, dict) or k not in state]
+    if missing:
+        lacks = ", ".join(missing)
+        raise CheckpointError(f"checkpoint {path} is unreadable (trainer.json lacks {lacks}); {_FALLBACK}")
+    return state
+
+
+def load_torch_rng(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """The torch RNG states saved with the checkpoint."""
+    path = checkpoint / "torch_rng.safetensors"
+    with _damaged(path, checkpoint):
+        return load_file(str(path))
+
+
+def load_agent(agent, folder: Path, checkpoint: Path) -> None:
+    """`agent.load(folder)`, then every loaded weight and optimiser tensor must be finite."""
+    for f in sorted(folder.rglob("*")) if folder.is_dir() else []:
+        if f.is_file() and f.stat().st_size == 0:
+            raise CheckpointError(
+                f"checkpoint {checkpoint} is damaged: {f.relative_to(checkpoint)} is empty (0 bytes); {_FALLBACK}"
+            )
+    with _damaged(folder, checkpoint):
+        agent.load(folder)
+    tensors = {f"weight {n}": t for n, t in agent.policy.state_dict().items()}
+    tensors |= {f"optimizer state {n}": t for n, t in _tensors(agent.optimizer.state_dict()["state"])}
+    bad = [name for name, t in tensors.items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    if bad:
+        shown = ", ".join(bad[:3]) + (", ..." if len(bad) > 3 else "")
+        raise CheckpointError(
+            f"checkpoint {checkpoint} holds non-finite values in {folder.relative_to(checkpoint)} ({shown}), so the "
+            f"run cannot continue from it; {_FALLBACK}"
+        )
+
+
+def _tensors(node, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+    if isinstance(node, torch.Tensor):
+        yield prefix, node
+    elif isinstance(node, dict):
+        for k, v in node.items():
+            yield from _tensors(v, f"{prefix}.{k}" if prefix else str(k))
+
+
+@contextlib.contextmanager
+def _damaged(what: Path, checkpoint: Path) -> Iterator[None]:
+    """Any failure while reading a checkpoint file is one `CheckpointError` naming it. A file that holds pickled
+    objects other than tensors is refused as such: nothing from a checkpoint is ever unpickled."""
+    try:
+        yield
+    except Exception as err:  # noqa: BLE001 - any failure here means a damaged checkpoint
+        text = str(err).strip()
+        if isinstance(err, pickle.UnpicklingError) and "weights only" in text.lower():
+            reason = "it holds pickled objects other than tensors, which are never loaded"
+        else:
+            first = text.splitlines()[0] if text else "no message"
+            reason = f"{type(err).__name__}: {first}" if "weights_only" not in first else type(err).__name__
+        raise CheckpointError(
+            f"checkpoint {checkpoint} is corrupt or from another model ({what.relative_to(checkpoint)}: {reason}); "
+            f"{_FALLBACK}"
+        ) from None
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint folder (temporary folders of an interrupted write are ignored)."""
+    done = sorted(p for p in (Path(run_dir) / "checkpoints").glob("iter_*") if (p / "trainer.json").exists())
+    return done[-1] if done else None
+
+
+def truncate_lines(path: Path, keep: int) -> None:
+    """Keep the first `keep` lines of `path`: a resumed run's log then equals an uninterrupted one."""
+    if path.exists():
+        lines = path.read_text().splitlines(keepends=True)[:keep]
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text("".join(lines))
+        os.replace(tmp, path)

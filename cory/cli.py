@@ -1,0 +1,183 @@
+"""The command line around Hydra: checks that must happen before Hydra writes anything, and one-line errors.
+
+`prepare(argv)` runs before Hydra starts:
+- `resume=<folder>` becomes `hydra.run.dir=<folder>` (the run continues in place); it is refused with `-m` or
+  with an explicit `hydra.run.dir` (a resumed run never moves), and when the folder is not a run folder;
+- a new run's folder (`hydra.run.dir`, or the default under `outputs/`) must be creatable and writable, and an
+  explicit one must not hold a run already (Hydra would overwrite its `.hydra/` before the run could refuse);
+- a sweep that sweeps a key the folder names leave out (`conf/train.yaml`'s `exclude_keys`) gets that key back
+  in its job folder names, so two jobs never share a folder;
+- a single run's overrides are composed once, so a wrong option or key is one `error:` line.
+
+`run_hydra` then runs the app with Hydra's own error reports off, so that a composition error or a failed
+sweep job reaches us and is printed as one line (exit code 2) instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from cory import runs
+from cory.config import ConfigError
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+_HELP = {"-h", "--help", "--hydra-help", "--version", "--shell-completion", "-sc", "--info", "-i"}
+
+
+class SweepJobError(Exception):
+    """A sweep job failed with a user error (already printed by the job); raised so Hydra marks it failed."""
+
+
+def one_line(err: BaseException) -> str:
+    """An exception's message on one line."""
+    return " ".join(str(err).split()) or type(err).__name__
+
+
+def override_key(override: str) -> str:
+    """The dotted key an override sets: `+a.b=1` → `a.b`, `task/reward=x` → `task.reward`, `~a` → `a`."""
+    key = override.split("=", 1)[0].lstrip("+~")
+    return key.replace("/", ".")
+
+
+def _parse(args: Sequence[str]):
+    """Hydra's own reading of the command line (flags and overrides), or None for help-like commands."""
+    if _HELP & set(args):
+        return None
+    from hydra._internal.utils import get_args_parser  # the parser @hydra.main itself uses
+
+    try:
+        return get_args_parser().parse_args(list(args))
+    except SystemExit:  # malformed flags: Hydra reports them itself
+        return None
+
+
+def prepare(args: list[str]) -> list[str]:
+    """The argv Hydra should see; exits with one `error:` line (code 2) when the command cannot run."""
+    parsed = _parse(args)
+    if parsed is None:
+        return args
+    try:
+        overrides = list(parsed.overrides)
+        values = {override_key(o): o.split("=", 1)[1] for o in overrides if "=" in o}
+        primary = int(os.environ.get("RANK", "0")) == 0  # data-parallel: rank 0 checks, all ranks follow
+        extra = []
+        if values.get("resume", "null") not in ("null", ""):
+            extra = _resume_args(values, parsed.multirun)
+            # Hydra composes the run's own command (so its keys exist) with this one's overrides on top
+            flags = [a for a in args if a not in overrides]
+            overrides = resume_overrides(Path(values["resume"]), overrides)
+            args = flags + overrides
+        elif parsed.multirun or _sweep_file(values):
+            sweep_dir = Path(values.get("hydra.sweep.dir", "outputs/multiruns"))
+            runs.check_writable(sweep_dir, "hydra.sweep.dir")
+            if "hydra.sweep.dir" in values and primary and (sweep_dir / "multirun.yaml").exists():
+                raise ConfigError(f"hydra.sweep.dir={sweep_dir} already holds a sweep; choose a new folder")
+            extra = _exclude_keys_args(overrides)
+        elif primary:
+            run_dir = Path(values.get("hydra.run.dir", "outputs/runs"))
+            runs.check_writable(run_dir, "hydra.run.dir")
+            if "hydra.run.dir" in values:
+                runs.refuse_if_taken(run_dir, "hydra.run.dir")
+        if not parsed.multirun and parsed.cfg is None and not _sweep_file(values) and not _sweeps(overrides):
+            _check_composes(overrides + extra)
+    except ConfigError as err:
+        print(f"error: {one_line(err)}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    return args + extra
+
+
+def _sweep_file(values: dict[str, str]) -> bool:
+    return values.get("sweep", "null") != "null"
+
+
+def _sweeps(overrides: list[str]) -> list:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except HydraException:
+        return []  # reported by the composition check (single run) or by Hydra (sweep)
+    return [o for o in parsed if o.is_sweep_override() and not o.is_hydra_override()]
+
+
+def _resume_args(values: dict[str, str], multirun: bool) -> list[str]:
+    folder = values["resume"]
+    if multirun:
+        raise ConfigError(f"resume={folder}: a resume continues one run; it cannot be part of a -m sweep")
+    if "hydra.run.dir" in values:
+        raise ConfigError(
+            f"resume={folder} continues the run in its own folder; drop hydra.run.dir={values['hydra.run.dir']} "
+            f"(to run the experiment elsewhere, start a new run there)"
+        )
+    if not os.path.isdir(folder):  # checked before Hydra, which would create the folder
+        raise ConfigError(f"resume={folder}: no such run folder")
+    runs.load_run_config(Path(folder))
+    # Hydra's snapshot of this start (the default config + the resume command) must not replace the run's own
+    return [f"hydra.run.dir={os.path.abspath(folder)}", "hydra.output_subdir=.hydra/resumed"]
+
+
+def resume_overrides(folder: Path, overrides: list[str]) -> list[str]:
+    """The overrides a resume command composes: the run's first start's, minus the keys given again, then these."""
+    given = {override_key(o) for o in overrides}
+    return [o for o in runs.original_overrides(folder) if override_key(o) not in given] + overrides
+
+
+def _exclude_keys_args(overrides: list[str]) -> list[str]:
+    """Keys that folder names leave out (seed aside, always in them) but that this sweep varies go back in."""
+    excluded = list(OmegaConf.load(CONF_DIR / "train.yaml").hydra.job.config.override_dirname.exclude_keys)
+    swept = {o.key_or_group for o in _sweeps(overrides)}
+    keep = [k for k in excluded if k == "seed" or k not in swept]
+    if keep == excluded:
+        return []
+    return [f"hydra.job.config.override_dirname.exclude_keys=[{','.join(keep)}]"]
+
+
+def _check_composes(overrides: list[str]) -> None:
+    """A wrong option (`task/reward=nope`) or key (`algorithm.agent.lr=1`) as one `error:` line and exit code 2,
+    like every other configuration error, instead of Hydra's multi-line report."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        compose([o for o in overrides if not o.startswith("hydra.")])
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ConfigError(one_line(err).split(" Config search path:")[0]) from None  # the search path is noise
+
+
+def compose(overrides: Sequence[str]) -> DictConfig:
+    """The job config `python -m cory.train <overrides>` composes, inside a running Hydra app or outside one."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():
+        return hydra_compose("train", overrides=list(overrides))
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+        return hydra_compose("train", overrides=list(overrides))
+
+
+def run_hydra(app: Callable[[], None]) -> None:
+    """Run the `@hydra.main` app; a composition error or a failed sweep job becomes one `error:` line.
+
+    With `HYDRA_FULL_ERROR=1` Hydra re-raises instead of printing its own report, so the failure reaches here.
+    A failed sweep job has printed its own `error:` line already; the sweep's other jobs have run.
+    """
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        app()
+    except SweepJobError as err:
+        print(f"error: a sweep job failed ({one_line(err)}); the other jobs ran", file=sys.stderr, flush=True)
+        sys.exit(2)
+    except (HydraException, OmegaConfBaseException) as err:
+        message = one_line(err).split(" Config search path:")[0]
+        print(f"error: {message}", file=sys.stderr, flush=True)
+        sys.exit(2)

@@ -1,0 +1,52 @@
+"""Run folder names: the OmegaConf resolvers `conf/train.yaml` uses, registered when `cory` is imported.
+
+- `cory.uniq`: a short suffix that makes each start's folder unique (cached, so every job of one sweep and
+  every process of one data-parallel launch gets the same one);
+- `cory.sweep_name`: the folder a sweep's jobs share, named after the `sweep=` choice, else the experiment
+  (Hydra cannot resolve `${hydra:...}` where it builds the sweep folder, but a plain interpolation works);
+- `cory.job_subdir`: a sweep job's folder, its semantic overrides then `seed=<n>`, so it reads like a table row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any
+
+from omegaconf import OmegaConf
+
+_MAX_DIRNAME = 160  # a sweep job's folder name longer than this is shortened with a hash (filesystems cap at 255)
+
+
+def uniq() -> str:
+    """A short suffix that makes a start's folder unique. Processes of one data-parallel launch (torchrun,
+    accelerate) share it: it is derived from the rendezvous they share; otherwise it is random."""
+    shared = [os.environ.get(k, "") for k in ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT")]
+    if os.environ.get("LOCAL_RANK") is not None and any(shared):
+        return hashlib.sha256("|".join(shared).encode()).hexdigest()[:6]
+    return os.urandom(3).hex()
+
+
+def sweep_name(sweep: str | None, experiment: str | None) -> str:
+    """The folder a sweep's jobs share under `outputs/multiruns`: the `sweep=` choice, else the experiment."""
+    return str(sweep or experiment or "sweep")
+
+
+def job_subdir(override_dirname: str, seed: Any) -> str:
+    """`<semantic overrides>/seed=<n>` (just `seed=<n>` without any), so a sweep folder reads like its table.
+
+    A `/` inside an override (`task/reward=tfidf`, a path value) would nest folders, so it becomes `_`.
+    """
+    name = str(override_dirname or "").replace("/", "_")
+    if len(name) > _MAX_DIRNAME:
+        name = f"{name[: _MAX_DIRNAME - 9]}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+    return f"{name}/seed={seed}" if name else f"seed={seed}"
+
+
+def register_resolvers() -> None:
+    """Register the resolvers (idempotent). `cory.uniq` is cached: Hydra copies a sweep's resolver cache into
+    every job's config, pickled or not, so the master process and its jobs agree on the suffix."""
+    if not OmegaConf.has_resolver("cory.uniq"):
+        OmegaConf.register_new_resolver("cory.uniq", uniq, use_cache=True)
+        OmegaConf.register_new_resolver("cory.sweep_name", sweep_name)
+        OmegaConf.register_new_resolver("cory.job_subdir", job_subdir)

@@ -1,0 +1,128 @@
+"""Starting, resuming and inspecting runs the way a user does, shared by the run-folder tests.
+
+In-process helpers go through the same functions as `python -m cory.train` (`cory.train.train` with the
+overrides recorded, `cory.cli.resume_overrides` for a resume, `cory.train.main` for the whole command line);
+subprocess helpers use the real entrypoint with one torch thread (as the in-process runs do), so numbers
+match to float precision.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import compose_cfg
+
+import cory.train
+from cory.cli import resume_overrides
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def assert_same_rows(got: list[dict], want: list[dict]) -> None:
+    """Same rows in the same order; every number equal to 1e-5 except wall time and memory."""
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        keys = {k for k in w if not k.startswith(("time/", "memory/"))}
+        assert keys == {k for k in g if not k.startswith(("time/", "memory/"))}
+        for k in keys:
+            if isinstance(w[k], float) and isinstance(g[k], float):
+                assert math.isclose(g[k], w[k], rel_tol=1e-5, abs_tol=1e-5), (w["iteration"], k, g[k], w[k])
+            else:
+                assert g[k] == w[k], (w["iteration"], k)
+
+
+def start_run(tmp_path: Path, run_dir: Path, *overrides: str) -> dict:
+    """A smoke run started the way `python -m cory.train` starts one (its overrides recorded), in-process."""
+    args = ["experiment=smoke", "progress=false", f"cache_dir={tmp_path / 'cache'}", *overrides]
+    return cory.train.train(compose_cfg(args), run_dir, args)
+
+
+def resume_run(run_dir: Path, *overrides: str) -> dict:
+    """`python -m cory.train resume=<run_dir> <overrides>`, in-process, composed as the command line does."""
+    args = resume_overrides(run_dir, [f"resume={run_dir}", *overrides])
+    return cory.train.train(compose_cfg(args), run_dir, args)
+
+
+def run_main(monkeypatch, capsys, *argv: str) -> tuple[int, str]:
+    """`python -m cory.train <argv>` in-process: (exit code, stderr)."""
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "0")  # restored after the test (cory.cli sets it)
+    monkeypatch.setattr(sys, "argv", ["cory.train", *argv])
+    try:
+        cory.train.main()
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code or 0
+    return code, capsys.readouterr().err
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under `folder` with its bytes: equal snapshots mean nothing was touched."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def env(**extra: str) -> dict[str, str]:
+    # one thread: the same kernels as the in-process reference (conftest), and kind to a shared 2-CPU machine
+    return os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"} | extra
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "cory.train", *args]
+
+
+def start(run_dir: Path, args: list[str], **extra_env: str) -> subprocess.Popen:
+    """Launch a smoke run in `run_dir`; output goes to files so a full pipe can never block it."""
+    run_dir.mkdir(parents=True)
+    out, err = (run_dir.parent / f"{run_dir.name}.{s}" for s in ("out", "err"))
+    cmd = cli(
+        "experiment=smoke",
+        "progress=false",
+        f"hydra.run.dir={run_dir}",
+        f"cache_dir={run_dir.parent / 'cache'}",
+        *args,
+    )
+    return subprocess.Popen(cmd, cwd=REPO, env=env(**extra_env), stdout=out.open("w"), stderr=err.open("w"))
+
+
+def wait_for_train_row(run_dir: Path, proc: subprocess.Popen, iteration: int, timeout: float = 90.0) -> None:
+    """Poll metrics.jsonl until the training row of `iteration` is written; the process must still be running."""
+    deadline = time.monotonic() + timeout
+    path = run_dir / "metrics.jsonl"
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"the run ended (rc {proc.returncode}) before iteration {iteration}"
+        if path.exists():
+            for line in path.read_text().splitlines():
+                if line.endswith("}") and '"train/' in line and json.loads(line)["iteration"] == iteration:
+                    return
+        time.sleep(0.01)
+    raise AssertionError(f"no training row for iteration {iteration} within {timeout} s")
+
+
+def resume(run_dir: Path, **extra_env: str) -> subprocess.CompletedProcess:
+    """`python -m cory.train resume=<run_dir>` as a subprocess; it must succeed."""
+    out = subprocess.run(
+        cli(f"resume={run_dir}"), cwd=REPO, env=env(**extra_env), capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
+def one_error_line(out: subprocess.CompletedProcess) -> str:
+    """The run failed in one `error:` line with exit code 2 and no traceback."""
+    assert out.returncode == 2, (out.returncode, out.stderr[-3000:])
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    return errors[0]
+
+
+def finished_run(tmp_path: Path) -> Path:
+    """A two-iteration PPO run with one checkpoint kept."""
+    run_dir = tmp_path / "run"
+    start_run(tmp_path, run_dir, "iterations=2", "save_every=1", "keep_checkpoints=1")
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["iter_000002"]  # keep_checkpoints=1
+    return run_dir

@@ -1,0 +1,235 @@
+"""Every command the README and `scripts/*.sh` print is run or composed, in the form printed.
+
+Commands are collected from the README's code blocks and inline code spans and from `scripts/*.sh`: every
+`python -m cory.<module> ...` (also behind `$PY`, `.venv/bin/python`, `accelerate launch` or `torchrun`),
+every `python scripts/<name>.py ...`, `make <target>` and `bash scripts/<name>.sh`. A new command (GSM8K,
+figures, MAFT) is covered as soon as it is printed.
+
+- `python -m cory.train`: the command composes with Hydra's compose API, every job of a `-m` sweep and of a
+  `sweep=` file, and each job's config validates (as if CUDA were present: GPU commands are composed, not run;
+  a local path the reader is told to replace may be missing). Its run and sweep folder names resolve. A command
+  whose jobs are all CPU-tiny (`model=tiny_gpt2`) and that uses the basic launcher is also run, in-process,
+  with its output folder in a tmp folder (other launchers are run by tests/test_sweeps.py).
+- another `python -m cory.<module>`: `--cfg job` composes it through its own entrypoint.
+- `python scripts/<name>.py`: the script exists, its `--help` lists every flag the command uses, and the Hydra
+  overrides it passes on compose.
+- `make <target>`, `bash scripts/<name>.sh`: the target or the script exists.
+Lines holding a placeholder (`<run folder>`) are templates, not commands.
+
+Run: `pytest tests/test_commands.py` (about a minute on 2 CPUs).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import shlex
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import compose_cfg
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
+from runners import env, run_main
+from test_train import check_run_folder
+
+from cory.config import ConfigError, validate
+
+REPO = Path(__file__).resolve().parents[1]
+PYTHON = re.compile(r"(^|/)python3?$")
+LAUNCHERS = {"accelerate", "torchrun"}  # `<launcher> [flags] -m cory.train ...`
+
+
+def _shell_lines(text: str) -> list[str]:
+    """Logical lines (continuations joined), split at `&&` and `;`."""
+    lines = text.replace("\\\n", " ").splitlines()
+    return [part.strip() for line in lines for part in re.split(r"&&|;", line) if part.strip()]
+
+
+def _script_defaults(text: str) -> dict[str, str]:
+    """`VAR=${VAR:-default}` lines of a shell script: the values its commands expand by default."""
+    return dict(re.findall(r"^(\w+)=\$\{\1:-([^}]*)\}", text, flags=re.M))
+
+
+def collect() -> list[tuple[str, str]]:
+    """(where, command line) for every command printed in the README and in scripts/*.sh."""
+    found: list[tuple[str, str]] = []
+    readme = (REPO / "README.md").read_text()
+    for block in re.findall(r"```(?:bash|sh)?\n(.*?)```", readme, flags=re.S):
+        found += [("README", line) for line in _shell_lines(block)]
+    prose = re.sub(r"```.*?```", "", readme, flags=re.S)
+    found += [("README", span) for span in re.findall(r"`([^`\n]+)`", prose)]
+    for script in sorted((REPO / "scripts").glob("*.sh")):
+        text = script.read_text()
+        for var, value in _script_defaults(text).items():
+            text = text.replace(f"${var}", value).replace(f"${{{var}}}", value)
+        found += [(script.name, line) for line in _shell_lines(text) if not line.startswith("#")]
+    commands = [(where, line) for where, line in found if _kind(line)]
+    return list(dict.fromkeys(commands))
+
+
+def _tokens(line: str) -> list[str]:
+    tokens = shlex.split(line, comments=True)
+    while tokens and re.fullmatch(r"\w+=\S*", tokens[0]):  # leading `VAR=value` assignments
+        tokens.pop(0)
+    return tokens
+
+
+def _kind(line: str) -> str | None:
+    """What the line runs: "module:<name>", "script:<path>", "make:<target>", "bash:<path>" or None."""
+    try:
+        tokens = _tokens(line)
+    except ValueError:
+        return None
+    if not tokens:
+        return None
+    head = tokens[0]
+    if PYTHON.search(head) or head in LAUNCHERS:
+        after = tokens[tokens.index("-m", 1) + 1 :] if "-m" in tokens[1:] else []
+        if after:  # `python -m <module>`: the first -m names the module, a later one is Hydra's multirun flag
+            return f"module:{after[0]}" if after[0].startswith("cory.") else None
+        script = next((t for t in tokens[1:] if t.startswith("scripts/") and t.endswith(".py")), None)
+        return f"script:{script}" if script else None
+    if head == "make" and len(tokens) > 1:
+        return f"make:{tokens[1]}"
+    if head == "bash" and len(tokens) > 1 and tokens[1].startswith("scripts/"):
+        return f"bash:{tokens[1]}"
+    return None
+
+
+COMMANDS = collect()
+TEMPLATE = re.compile(r"<[^>]+>")
+
+
+def test_the_readme_and_scripts_print_the_commands_this_file_checks():
+    """The collector sees the paper commands, the cookbook, the scripts and the sweeps (it cannot go blind)."""
+    kinds = {_kind(line) for _, line in COMMANDS}
+    assert {"module:cory.train", "script:scripts/benchmark.py", "script:scripts/plot_frontier.py"} <= kinds
+    assert {"make:run", "make:test"} <= kinds
+    assert any(" -m " in f" {line} " and "cory.train" in line for _, line in COMMANDS if "seed=" in line)
+    assert any(where.endswith(".sh") for where, _ in COMMANDS)
+
+
+def _args(line: str) -> list[str]:
+    """The arguments after `-m cory.<module>` or `scripts/<name>.py`."""
+    tokens = _tokens(line)
+    if "-m" in tokens[1:]:
+        return tokens[tokens.index("-m", 1) + 2 :]
+    return tokens[next(i for i, t in enumerate(tokens) if t.startswith("scripts/")) + 1 :]
+
+
+@cache
+def _compose(overrides: tuple[str, ...], hydra: bool = False):
+    """`compose_cfg`, once per distinct override list (the README and the scripts print the same jobs)."""
+    return compose_cfg(list(overrides), return_hydra_config=hydra)
+
+
+def _jobs(overrides: list[str]) -> list[list[str]]:
+    """Every job's overrides: command-line sweeps, and a `sweep=` file's `hydra.sweeper.params` beneath them.
+    Jobs that differ only in their seed are one job here: the seed changes no key's type or range."""
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
+    sweeps = {o.key_or_group: list(o.sweep_string_iterator()) for o in parsed if o.is_sweep_override()}
+    params = _compose(tuple(fixed), hydra=True).hydra.sweeper.get("params") or {}
+    for key, value in params.items():
+        (o,) = OverridesParser.create().parse_overrides([f"{key}={value}"])
+        if key not in sweeps and key not in {p.key_or_group for p in parsed}:
+            sweeps[key] = list(o.sweep_string_iterator()) if o.is_sweep_override() else [str(value)]
+    sweeps = {k: v[:1] if k == "seed" else v for k, v in sweeps.items()}
+    keys = list(sweeps)
+    return [fixed + [f"{k}={v}" for k, v in zip(keys, values)] for values in itertools.product(*sweeps.values())]
+
+
+def _check_names_resolve(overrides: list[str]) -> None:
+    cfg = _compose(tuple(overrides), hydra=True)
+    HydraConfig.instance().set_config(cfg)  # what @hydra.main does before resolving `${hydra:...}`
+    for key in ("run.dir", "sweep.dir", "sweep.subdir"):
+        value = OmegaConf.select(cfg.hydra, key)
+        assert isinstance(value, str) and "${" not in value, (key, value)
+
+
+@cache
+def _script_help(script: str) -> str:
+    out = subprocess.run(
+        [sys.executable, script, "--help"], cwd=REPO, env=env(), capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+def _makefile_targets() -> set[str]:
+    return set(re.findall(r"^([\w-]+):", (REPO / "Makefile").read_text(), flags=re.M))
+
+
+def _validate_as_if_cuda(cfg, line: str, monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # GPU commands are composed, not run
+    try:
+        validate(cfg)
+    except ConfigError as err:  # only a path the reader is told to replace with their own copy may be missing
+        paths = [t.split("=", 1)[1] for t in _args(line) if "=" in t and "/" in t.split("=", 1)[1]]
+        assert any(p in str(err) for p in paths), f"{line}: {err}"
+
+
+def _tiny(cfgs: list) -> bool:
+    return all(c.model._target_.endswith("build_tiny_gpt2") and c.hardware.device == "cpu" for c in cfgs)
+
+
+@pytest.mark.parametrize(("where", "line"), COMMANDS, ids=[f"{w}: {c}" for w, c in COMMANDS])
+def test_every_printed_command_runs_or_composes(where, line, tmp_path, monkeypatch, capsys):
+    if TEMPLATE.search(" ".join(_tokens(line))):  # comments may show placeholders, commands may not
+        pytest.skip("a template with a placeholder, not a command")
+    kind, _, name = _kind(line).partition(":")
+    if kind == "make":
+        assert name in _makefile_targets(), line
+    elif kind == "bash":
+        assert (REPO / name).is_file(), line
+    elif kind == "script":
+        assert (REPO / name).is_file(), line
+        args = _args(line)
+        flags = [a for a in args if a.startswith("--")]
+        assert all(f in _script_help(name) for f in flags), (line, flags)
+        overrides = [a for a in args if "=" in a and not a.startswith("-")]
+        if name == "scripts/benchmark.py" and overrides:  # the one script that passes Hydra overrides on
+            _validate_as_if_cuda(_compose(tuple(overrides)), line, monkeypatch)
+    elif name == "cory.train":
+        _check_train_command(line, tmp_path, monkeypatch, capsys)
+    else:  # another Hydra entrypoint: its own composition
+        out = subprocess.run(
+            [sys.executable, "-m", name, *_args(line), "--cfg", "job"],
+            cwd=REPO,
+            env=env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+
+
+def _check_train_command(line: str, tmp_path: Path, monkeypatch, capsys) -> None:
+    args = _args(line)
+    flags = [a for a in args if a.startswith("-")]
+    overrides = [a for a in args if not a.startswith("-") and a not in ("job", "hydra", "all")]
+    hydra_overrides = [o for o in overrides if o.startswith("hydra")]
+    jobs = _jobs(overrides)
+    _check_names_resolve(jobs[0])
+    cfgs = [_compose(tuple(o for o in job if not o.startswith("hydra"))) for job in jobs]
+    for cfg in cfgs:
+        _validate_as_if_cuda(cfg, line, monkeypatch)
+    sweep = "-m" in flags or "--multirun" in flags or any(o.startswith("sweep=") for o in overrides)
+    launcher = next((o for o in hydra_overrides if o.startswith("hydra/launcher=")), None)
+    if not _tiny(cfgs) or "--cfg" in flags or launcher is not None:
+        return
+    where = f"hydra.sweep.dir={tmp_path / 'sweep'}" if sweep else f"hydra.run.dir={tmp_path / 'run'}"
+    code, err = run_main(monkeypatch, capsys, *args, where, f"cache_dir={tmp_path / 'cache'}")
+    assert code == 0, err[-3000:]
+    folders = sorted(p.parent for p in tmp_path.rglob("summary.json"))
+    seeds = next((o.split("=", 1)[1].split(",") for o in overrides if o.startswith("seed=")), ["0"])
+    assert len(folders) == len(jobs) * len(seeds)  # one folder per job
+    for folder in folders:
+        cfg = OmegaConf.load(folder / "run_config.yaml")
+        check_run_folder(folder, cfg.algorithm._target_.rsplit(".", 1)[-1].lower(), cfg.iterations)
