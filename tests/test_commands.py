@@ -73,8 +73,14 @@ def collect() -> list[tuple[str, str]]:
     return list(dict.fromkeys(commands))
 
 
+# `$(command)` prints a value the reader's shell substitutes (e.g. a local model folder): a stand-in path here
+SUBSTITUTION = re.compile(r"\$\([^)]*\)")
+SUBSTITUTED = "/substituted/by/the/shell"
+
+
 def _tokens(line: str) -> list[str]:
-    tokens = shlex.split(line, comments=True)
+    tokens = shlex.split(SUBSTITUTION.sub(SUBSTITUTED, line), comments=True)
+    tokens = [t for t in tokens if t not in ("$@", "$*")]  # a script's pass-through arguments: none here
     while tokens and re.fullmatch(r"\w+=\S*", tokens[0]):  # leading `VAR=value` assignments
         tokens.pop(0)
     return tokens
@@ -129,9 +135,10 @@ def _compose(overrides: tuple[str, ...], hydra: bool = False):
     return compose_cfg(list(overrides), return_hydra_config=hydra)
 
 
-def _jobs(overrides: list[str]) -> list[list[str]]:
-    """Every job's overrides: command-line sweeps, and a `sweep=` file's `hydra.sweeper.params` beneath them.
-    Jobs that differ only in their seed are one job here: the seed changes no key's type or range."""
+def _jobs(overrides: list[str]) -> tuple[list[list[str]], int]:
+    """Every job's overrides: command-line sweeps, and a `sweep=` file's `hydra.sweeper.params` beneath them,
+    and the number of seeds. Jobs that differ only in their seed are one job here: the seed changes no key's
+    type or range."""
     parsed = OverridesParser.create().parse_overrides(overrides)
     fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
     sweeps = {o.key_or_group: list(o.sweep_string_iterator()) for o in parsed if o.is_sweep_override()}
@@ -140,9 +147,11 @@ def _jobs(overrides: list[str]) -> list[list[str]]:
         (o,) = OverridesParser.create().parse_overrides([f"{key}={value}"])
         if key not in sweeps and key not in {p.key_or_group for p in parsed}:
             sweeps[key] = list(o.sweep_string_iterator()) if o.is_sweep_override() else [str(value)]
+    seeds = len(sweeps.get("seed", [None]))
     sweeps = {k: v[:1] if k == "seed" else v for k, v in sweeps.items()}
     keys = list(sweeps)
-    return [fixed + [f"{k}={v}" for k, v in zip(keys, values)] for values in itertools.product(*sweeps.values())]
+    jobs = [fixed + [f"{k}={v}" for k, v in zip(keys, values)] for values in itertools.product(*sweeps.values())]
+    return jobs, seeds
 
 
 def _check_names_resolve(overrides: list[str]) -> None:
@@ -215,7 +224,7 @@ def _check_train_command(line: str, tmp_path: Path, monkeypatch, capsys) -> None
     flags = [a for a in args if a.startswith("-")]
     overrides = [a for a in args if not a.startswith("-") and a not in ("job", "hydra", "all")]
     hydra_overrides = [o for o in overrides if o.startswith("hydra")]
-    jobs = _jobs(overrides)
+    jobs, seeds = _jobs(overrides)
     _check_names_resolve(jobs[0])
     cfgs = [_compose(tuple(o for o in job if not o.startswith("hydra"))) for job in jobs]
     for cfg in cfgs:
@@ -228,8 +237,7 @@ def _check_train_command(line: str, tmp_path: Path, monkeypatch, capsys) -> None
     code, err = run_main(monkeypatch, capsys, *args, where, f"cache_dir={tmp_path / 'cache'}")
     assert code == 0, err[-3000:]
     folders = sorted(p.parent for p in tmp_path.rglob("summary.json"))
-    seeds = next((o.split("=", 1)[1].split(",") for o in overrides if o.startswith("seed=")), ["0"])
-    assert len(folders) == len(jobs) * len(seeds)  # one folder per job
+    assert len(folders) == len(jobs) * seeds  # one folder per job
     for folder in folders:
         cfg = OmegaConf.load(folder / "run_config.yaml")
         check_run_folder(folder, cfg.algorithm._target_.rsplit(".", 1)[-1].lower(), cfg.iterations)

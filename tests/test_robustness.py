@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import compose_cfg
+from from_config import task_kwargs
 from runners import (
     REPO,
     assert_same_rows,
@@ -396,7 +397,8 @@ def test_a_failing_reward_gets_the_failure_reward_and_is_counted(tmp_path, monke
 
     monkeypatch.setattr(Trainer, "batch", batch)
     monkeypatch.setattr(ToyTask, "score", score)
-    failing.update(ToyTask(seed=0).eval_queries()[:1])  # the held-out evaluations fail on one query too
+    held_out = ToyTask(tokenizer=None, **task_kwargs("toy")).eval_queries()
+    failing.update(held_out[:1])  # the held-out evaluations fail on one query too
     run_dir = tmp_path / "run"
     train(smoke(tmp_path, "task.failure_reward=-1.0"), run_dir)
     failures = [r["train/reward_failures"] for r in read_rows(run_dir) if "train/reward_failures" in r]
