@@ -40,6 +40,10 @@ CSV_COLUMNS = {
     "cory.rewards.TfidfSentimentReward": (("text", "label"), "text,label[,source]"),
 }
 TEMPLATE_FIELDS = ("query", "response")
+# Keys of the `algorithm` group read by the entry point, not by its `_target_`: PPO and CORY's learner block, or,
+# for an algorithm with its own loop (MAFT), the function that runs it (`runner`) and the weights it builds.
+LEARNER_KEYS = ("agent",)
+RUNNER_KEYS = ("runner", "agent_models")
 # The hardware group has no target: its keys are read by `cory.train` (a key absent from an option is not checked).
 HARDWARE_TYPES = {"device": str, "precision": str, "forward_batch_size": int, "generation_batch_size": int}
 
@@ -57,15 +61,23 @@ def validate(cfg: DictConfig) -> None:
     """Raise `ConfigError` on the first invalid value or combination."""
     _check_finite(_resolved(cfg))
     _check_run(cfg)
-    _check_agent(cfg)
+    if has_learner(cfg):
+        _check_agent(cfg)
     _check_task_and_hardware(cfg)
     _check_model(cfg)
     if cfg.logger.get("_target_", "").endswith("WandbLogger"):
         _check(importlib.util.find_spec("wandb") is not None, "logger=wandb but wandb is not installed")
     # a typo'd key, a wrong `_target_` or a value of the wrong type would otherwise fail after the model loads
     for group in ("model", "task", "algorithm", "logger"):
-        _check_target(cfg[group], group, skip=("agent",) if group == "algorithm" else ())
+        skip = (LEARNER_KEYS if has_learner(cfg) else RUNNER_KEYS) if group == "algorithm" else ()
+        _check_target(cfg[group], group, skip=skip)
     _check_local_inputs(cfg)
+
+
+def has_learner(cfg: DictConfig) -> bool:
+    """PPO and CORY train through the PPO learner (`algorithm.agent`); an algorithm with its own loop names a
+    `runner` instead (MAFT), and a learner block given to it is refused as an unknown key."""
+    return not cfg.algorithm.get("runner")
 
 
 def _resolved(cfg: DictConfig) -> Any:
@@ -201,16 +213,17 @@ def _check_agent(cfg: DictConfig) -> None:
 
 
 def _check_task_and_hardware(cfg: DictConfig) -> None:
-    span = cfg.task.max_new_tokens
-    _check(
-        isinstance(span, ListConfig) and len(span) == 2 and all(type_problem(v, int) is None for v in span),
-        f"task.max_new_tokens={_show(span)}: expected [min, max], two integers",
-    )
-    lo, hi = span
-    _check(1 <= lo <= hi, f"task.max_new_tokens=[{lo}, {hi}]: need 1 <= min <= max")
+    if has_learner(cfg) or "max_new_tokens" in cfg.task:  # MAFT's generation length is its own key
+        span = cfg.task.get("max_new_tokens")
+        _check(
+            isinstance(span, ListConfig) and len(span) == 2 and all(type_problem(v, int) is None for v in span),
+            f"task.max_new_tokens={_show(span)}: expected [min, max], two integers",
+        )
+        lo, hi = span
+        _check(1 <= lo <= hi, f"task.max_new_tokens=[{lo}, {hi}]: need 1 <= min <= max")
     num_train = cfg.task.get("num_train")
     _check(
-        num_train is None or num_train >= cfg.batch_size,
+        num_train is None or not has_learner(cfg) or num_train >= cfg.batch_size,
         f"task.num_train={num_train}: must be >= batch_size={cfg.batch_size} (one batch per iteration)",
     )
     if "source" in cfg.task:

@@ -153,10 +153,11 @@ def is_known_metric(name: str) -> bool:
     return False
 
 
-def metrics_markdown_table() -> str:
-    """The README table of logged metrics: one row per `METRICS` entry, `<agent>` is llm1/llm2 (or the PPO agent)."""
+def metrics_markdown_table(metrics: dict[str, str] | None = None) -> str:
+    """A README table of logged metrics, one row per entry: `METRICS` by default (`<agent>` is llm1/llm2, or the
+    PPO agent); `cory.maft.metrics.MAFT_METRICS` for Multiagent Finetuning."""
     lines = ["| metric | definition |", "|---|---|"]
-    for name, description in METRICS.items():
+    for name, description in (METRICS if metrics is None else metrics).items():
         escaped = description.replace("|", "\\|")
         lines.append(f"| `{name}` | {escaped} |")
     return "\n".join(lines) + "\n"

@@ -84,6 +84,9 @@ def train(cfg: DictConfig, run_dir: Path, overrides: Sequence[str] = ()) -> dict
                 for key, (old, new) in changes.items():
                     print(f"[cory] resume changes {key}: {old} → {new} (recorded in {run_dir / runs.STARTS})")
 
+        runner = cfg.algorithm.get("runner")  # an algorithm with its own loop names it (MAFT); else PPO/CORY's
+        if runner:
+            return get_object(runner)(cfg, run_dir, record_start=record_start)
         return _train(cfg, run_dir, resuming, record_start)
 
 

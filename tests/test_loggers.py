@@ -220,3 +220,16 @@ def test_readme_documents_every_metric() -> None:
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert metrics_markdown_table() in readme, "paste cory.loggers.metrics_markdown_table() into README.md"
+
+
+def test_readme_documents_every_maft_metric() -> None:
+    """Multiagent Finetuning's metric table is in the README too, generated from `MAFT_METRICS` (a MAFT run logs
+    only names of that table: tests/test_maft_runner.py)."""
+    from pathlib import Path
+
+    from cory.maft.metrics import MAFT_METRICS
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = metrics_markdown_table(MAFT_METRICS)
+    assert table in readme, "paste cory.loggers.metrics_markdown_table(MAFT_METRICS) into README.md"
+    assert table != metrics_markdown_table()

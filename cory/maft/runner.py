@@ -19,6 +19,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from hydra.errors import InstantiationException
@@ -34,8 +35,11 @@ RUN_CONFIG = "run_config.yaml"
 _NOT_IDENTITY = ("resume", "progress", "cache_dir", "hardware", "logger", "hydra")
 
 
-def run(cfg: DictConfig, run_dir: Path) -> dict:
-    """Run (or continue) Multiagent Finetuning in `run_dir`; returns the summary that is also written there."""
+def run(cfg: DictConfig, run_dir: Path, record_start: Callable[[int], None] | None = None) -> dict:
+    """Run (or continue) Multiagent Finetuning in `run_dir`; returns the summary that is also written there.
+
+    `record_start(round)` is called once the run is built and its finished rounds are known (`cory.train` records
+    the start in the run folder with it)."""
     start_time = time.perf_counter()
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -48,6 +52,8 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     # 3. round 0 (the base agents), then each fine-tuning round, each followed by the held-out debate
     maft.restore()
     first = store.finished_rounds()
+    if record_start is not None:
+        record_start(first)
     if first:
         print(f"[maft] continuing {run_dir} at round {first}", flush=True)
     logger = _make_logger(cfg, run_dir, store, resume_from=first)
@@ -108,13 +114,11 @@ def _check(ok: bool, message: str) -> None:
 
 
 def _validate(cfg: DictConfig) -> None:
-    """Every `_target_` imports and takes the keys it is given (nested ones too), before anything loads."""
-    from cory.config import _check_target
+    """The entry point's validation (`cory.config.validate`): every target, key, type and range, before anything
+    loads (called again here, so that `run` can be called without `cory.train`)."""
+    from cory.config import validate
 
-    for group in ("model", "task", "logger"):
-        _check_target(cfg[group], group)
-    _check_target(cfg.algorithm, "algorithm", skip=("runner", "agent_models"))
-    _check(cfg.hardware.precision in ("fp32", "bf16", "fp16"), f"hardware.precision={cfg.hardware.precision!r}")
+    validate(cfg)
 
 
 def _instantiate(node: DictConfig, *args, **kwargs):
