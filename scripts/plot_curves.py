@@ -1,9 +1,9 @@
 """The paper's curve figures (Figs. 3, 4, 6) from local run folders: mean over seeds with a min–max seed band.
 
-    python scripts/plot_curves.py SWEEP_DIR [MORE_DIRS ...] [--out PREFIX] [--last 5]
+    python scripts/plot_curves.py SWEEP_DIR [MORE_DIRS ...] [--out PREFIX] [--last 5] [--where KEY=VALUE ...]
 
 Every folder below the given ones that holds a `metrics.jsonl` is a run. Runs are grouped by everything but the
-seed: their command-line overrides (`.hydra/overrides.yaml`) without `seed` and without the keys that do not
+seed (`--where KEY=VALUE` keeps only the runs with that setting): their command-line overrides (`.hydra/overrides.yaml`) without `seed` and without the keys that do not
 change what is learned (`sweep`, `logger`, `hardware`, `progress`, `cache_dir`, `resume`, `hydra.*`); a run
 without Hydra's record is grouped by its resolved `run_config.yaml` instead. A group is labelled by the settings
 that differ between groups (e.g. `algorithm=cory`); the settings they share go in the title.
@@ -191,9 +191,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="output prefix (default: <first dir>/sweep_curves)")
     parser.add_argument("--last", type=int, default=5, help="iterations averaged for the printed training value")
     parser.add_argument("--title", default=None)
+    parser.add_argument(
+        "--where", action="append", default=[], metavar="KEY=VALUE", help="keep runs with this setting (repeatable)"
+    )
     args = parser.parse_args(argv)
 
-    runs = discover_runs(args.dirs)
+    wanted = dict(w.split("=", 1) for w in args.where)
+    runs = [r for r in discover_runs(args.dirs) if all(run_settings(r).get(k) == v for k, v in wanted.items())]
     if not runs:
         print(f"no run (metrics.jsonl) under {', '.join(map(str, args.dirs))}", file=sys.stderr)
         return 1

@@ -36,7 +36,7 @@ def test_jobs_are_hydras_expansion_and_folders_read_like_the_table(tmp_path):
     assert len(jobs) == 2 * 3 * 2 and cfg.sweep.name == "cpu_imdb_frontier"  # algorithm × η × seed
     folders = run_sweep.job_folders(jobs, tmp_path, default_seed=0)
     names = {str(f.relative_to(tmp_path)) for f in folders}
-    assert "algorithm=cory,algorithm.agent.init_kl_coef=0.01/seed=1" in names and len(names) == 12
+    assert "algorithm=cory,algorithm.agent.init_kl_coef=0.03/seed=1" in names and len(names) == 12
     # keys every job shares (experiment, sweep, adaptive_kl) do not name folders; no seed swept: the config's seed
     (only,) = run_sweep.job_folders([["experiment=smoke"]], tmp_path, default_seed=7)
     assert only == tmp_path / "run" / "seed=7"
