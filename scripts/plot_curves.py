@@ -2,11 +2,12 @@
 
     python scripts/plot_curves.py SWEEP_DIR [MORE_DIRS ...] [--out PREFIX] [--last 5] [--where KEY=VALUE ...]
 
-Every folder below the given ones that holds a `metrics.jsonl` is a run. Runs are grouped by everything but the
-seed (`--where KEY=VALUE` keeps only the runs with that setting): their command-line overrides (`.hydra/overrides.yaml`) without `seed` and without the keys that do not
-change what is learned (`sweep`, `logger`, `hardware`, `progress`, `cache_dir`, `resume`, `hydra.*`); a run
-without Hydra's record is grouped by its resolved `run_config.yaml` instead. A group is labelled by the settings
-that differ between groups (e.g. `algorithm=cory`); the settings they share go in the title.
+Every folder below the given ones that holds a `metrics.jsonl` is a run (`--where KEY=VALUE` keeps only the runs
+with that setting). Runs are grouped by everything but the seed: their command-line overrides
+(`.hydra/overrides.yaml`) without `seed` and without the keys that do not change what is learned (`sweep`,
+`logger`, `hardware`, `progress`, `cache_dir`, `resume`, `hydra.*`); a run without Hydra's record is grouped by
+its resolved `run_config.yaml` instead. A group is labelled by the settings that differ between groups (e.g.
+`algorithm=cory`); the settings they share go in the title.
 
 Three panels against the training iteration, as in the paper: task reward, KL_seq to π0 and the combined reward
 r − η_eval·KL_seq. One line per (group, agent) from the training rollouts (`train/<agent>/...`, each agent in its
