@@ -1,6 +1,6 @@
 """`Agent`: one trainable LLM with its value head, optimiser, KL controller and score statistics.
 
-PPO has one agent and CORY two; both call exactly this code (REFERENCE.md §1.1, §2). `learn` is TRL 0.11.4's
+PPO has one agent and CORY two; both call exactly this code (docs/method.md §1.1, §2). `learn` is TRL 0.11.4's
 `PPOTrainer.step` after generation: for the same weights, tokens, scores and permutation seed it gives the
 same update (`scripts/check_trl_parity.py`). Deliberate differences, listed in the README's implementation
 notes: responses are stored response-aligned, forwards get explicit position ids, and generation runs in eval
@@ -16,18 +16,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_model, save_model
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from cory import ppo_core
 from cory.distributed import world_size
-from cory.models import PolicyWithValueHead
+from cory.policy import PolicyWithValueHead
 from cory.rollout import Rollout, forward_logits, generate, pad, score_forward
 
 
 @dataclass(frozen=True)
 class PPOConfig:
-    """Learner hyperparameters: the `algorithm.agent` block, identical for PPO and CORY (REFERENCE.md §2)."""
+    """Learner hyperparameters: the `algorithm.agent` block, identical for PPO and CORY (docs/method.md §2)."""
 
     learning_rate: float = 1.41e-5
     init_kl_coef: float = 0.3
@@ -56,13 +55,27 @@ class PPOConfig:
 
 
 class Agent:
-    """One trainable copy of the model plus everything that belongs to it (REFERENCE.md §1.1, §1.5)."""
+    """One trainable policy plus everything that belongs to it (docs/method.md §1.1, §1.5).
+
+    Args:
+        name: the agent id (`llm1`, `llm2`).
+        model: its policy handle (`cory.policy.Backbone.policy`: a full model or one LoRA adapter, with its value
+            head), or a bare causal LM that this agent then owns entirely (wrapped here with a fresh value head).
+        ref_model: π0, shared and frozen: a frozen copy, or the LoRA base with adapters disabled. Never stepped,
+            never saved by an agent.
+        tokenizer: the policy's tokenizer.
+        config: the learner block.
+        seed: seed of this agent's minibatch-permutation stream.
+        device, autocast_dtype, forward_batch_size: placement, mixed precision, rollout micro-batch.
+        value_head_seed: seed of the value head built for a bare `model` (default `seed`).
+        add_special_tokens: tokenise prompts with the tokenizer's special tokens (the model's choice: Llama's BOS).
+    """
 
     def __init__(
         self,
         name: str,
-        model: PreTrainedModel,
-        ref_model: PreTrainedModel,
+        model: PreTrainedModel | PolicyWithValueHead,
+        ref_model: torch.nn.Module,
         tokenizer: PreTrainedTokenizerBase,
         config: PPOConfig,
         seed: int,
@@ -70,21 +83,26 @@ class Agent:
         autocast_dtype: torch.dtype | None = None,
         forward_batch_size: int = 64,
         value_head_seed: int | None = None,
+        add_special_tokens: bool = False,
     ) -> None:
         self.name, self.config, self.tokenizer = name, config, tokenizer
         self.device = torch.device(device)
-        with torch.random.fork_rng():
-            # the value head is the only random part of an agent; a fixed seed makes CORY's two agents identical
-            torch.manual_seed(seed if value_head_seed is None else value_head_seed)
-            self.policy = PolicyWithValueHead(model).to(self.device)
-        self.ref_model = ref_model  # shared, frozen π0: never stepped, never saved by an agent
+        if isinstance(model, PolicyWithValueHead):
+            self.policy = model  # placed and seeded by `Backbone.policy`
+        else:
+            with torch.random.fork_rng():
+                # the value head is the only random part of a bare model's agent; a fixed seed makes agents identical
+                torch.manual_seed(seed if value_head_seed is None else value_head_seed)
+                self.policy = PolicyWithValueHead(model).to(self.device)
+        self.ref_model = ref_model
+        self.add_special_tokens = add_special_tokens
         self.optimizer = self._new_optimizer()
         self.kl_ctl = ppo_core.KLController(
             config.init_kl_coef, config.adaptive_kl, config.kl_target, config.kl_horizon
         )
         self.score_moments = ppo_core.RunningMoments()
         # TRL draws minibatch permutations from numpy's legacy global RNG; a RandomState(seed) gives the same
-        # sequence as `np.random.seed(seed)` while keeping each agent's stream its own (REFERENCE.md §1.5).
+        # sequence as `np.random.seed(seed)` while keeping each agent's stream its own (docs/method.md §1.5).
         self.rng = np.random.RandomState(seed)
         self.seed = seed
         self.autocast_dtype = autocast_dtype
@@ -116,13 +134,14 @@ class Agent:
         self.policy.train(train_mode)
         with self._autocast():
             prompt_ids, response_ids = generate(
-                self.policy.pretrained_model,
+                self.policy,
                 self.tokenizer,
                 prompts,
                 max_new_tokens,
                 generation_kwargs,
                 self.device,
                 batch_size,
+                self.add_special_tokens,
             )
         self.policy.eval()
         if lengths is not None:
@@ -278,16 +297,18 @@ class Agent:
                 "ratio_threshold_hit": float(hit),
             }
 
-    def _trainable_params(self) -> list[torch.nn.Parameter]:
-        return [p for p in self.policy.parameters() if p.requires_grad]
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        """The parameters this agent's optimiser steps, selected by name: its LoRA adapter and value head, or the
+        whole policy with full fine-tuning (never by `requires_grad`, which PEFT flips with the active adapter)."""
+        return self.policy.trainable_parameters()
 
     def _new_optimizer(self) -> torch.optim.Adam:
-        """Adam with torch defaults, no weight decay, constant learning rate (REFERENCE.md §2.1)."""
-        return torch.optim.Adam(self._trainable_params(), lr=self.config.learning_rate)
+        """Adam with torch defaults, no weight decay, constant learning rate (docs/method.md §2.1)."""
+        return torch.optim.Adam(self.trainable_parameters(), lr=self.config.learning_rate)
 
     def _optimizer_step(self) -> bool:
         """Average gradients across processes, clip, step; a non-finite gradient skips the step (False)."""
-        params = self._trainable_params()
+        params = self.trainable_parameters()
         if world_size() > 1:  # data-parallel: average gradients over processes (cory/distributed.py)
             for p in params:
                 if p.grad is not None:
@@ -305,9 +326,10 @@ class Agent:
 
     # ------------------------------------------------------------------------------------------ checkpointing
     def save(self, directory: Path) -> None:
-        """Weights (safetensors), optimiser (tensors only), KL controller, score moments and RNG (JSON)."""
+        """What the policy owns (safetensors: adapter + value head, or all weights), optimiser (tensors only),
+        KL controller, score moments and RNG (JSON)."""
         directory.mkdir(parents=True, exist_ok=True)
-        save_model(self.policy, str(directory / "policy.safetensors"))
+        self.policy.save_weights(directory)
         torch.save(self.optimizer.state_dict(), directory / "optimizer.pt")
         rng_name, keys, pos, has_gauss, gauss = self.rng.get_state()
         state = {
@@ -320,7 +342,7 @@ class Agent:
 
     def load(self, directory: Path) -> None:
         """Inverse of `save`; the optimiser state is read with `weights_only=True` (no pickle execution)."""
-        load_model(self.policy, str(directory / "policy.safetensors"), device=str(self.device))
+        self.policy.load_weights(directory)
         self.optimizer.load_state_dict(torch.load(directory / "optimizer.pt", weights_only=True))
         state = json.loads((directory / "agent.json").read_text())
         self.kl_ctl.value = state["kl_coef"]

@@ -13,15 +13,14 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from hydra.utils import get_object, instantiate
+from hydra.utils import get_object
 from omegaconf import OmegaConf
 
 from cory.agent import Agent
 from cory.algorithms.cory import CORY
-from cory.models import make_reference
 from cory.ppo_core import RunningMoments
 from cory.tasks.toy import ToyTask
-from cory.train import build_agent, train
+from cory.train import build_agent, build_backbone, train
 from tests.conftest import compose_cfg
 
 QUERIES = ["bcd", "fgh k", "lm", "npqr"]
@@ -31,17 +30,10 @@ MAX_NEW = 3
 def make_cory(overrides: tuple[str, ...] = (), **kwargs) -> CORY:
     """A CORY on the smoke model (real agents), with its constructor switches given as kwargs."""
     cfg = compose_cfg(["experiment=smoke", "algorithm=cory", *overrides])
-    model, tokenizer = instantiate(cfg.model)
-    task = ToyTask(tokenizer, num_train=8, num_eval=4, observer_template="{query}{response}|{query}")
+    backbone = build_backbone(cfg.model, torch.device("cpu"))
+    task = ToyTask(backbone.tokenizer, num_train=8, num_eval=4, observer_template="{query}{response}|{query}")
     make_agent = partial(
-        build_agent,
-        model=model,
-        ref_model=make_reference(model),
-        tokenizer=tokenizer,
-        cfg=cfg,
-        device=torch.device("cpu"),
-        seed=0,
-        first=[],
+        build_agent, backbone=backbone, reference=backbone.reference(), cfg=cfg, device=torch.device("cpu"), seed=0
     )
     return CORY(task=task, make_agent=make_agent, log_samples=len(QUERIES), **kwargs)
 
