@@ -48,6 +48,7 @@ class RunSettings:
     seed: int
     eval_every: int = 0  # 0: evaluate only before training and at the end
     num_eval: int | None = None  # held-out prompts per evaluation (None: all the task provides)
+    num_eval_final: int | None = None  # held-out prompts before training and at the end (None: all)
     eval_batch_size: int = 64
     save_every: int = 0  # 0: checkpoint only at the end (and on SIGTERM/SIGINT)
     keep_checkpoints: int = 2
@@ -72,8 +73,11 @@ class Trainer:
             raise ConfigError(
                 f"batch_size={settings.batch_size}: the task has only {len(self.train_queries)} training queries"
             )
-        self.eval_queries = task.eval_queries()[: settings.num_eval]
-        self.eval_lengths = eval_lengths(len(self.eval_queries), task.max_new_tokens, settings.seed)
+        # the periodic evaluations use a prefix of the first and final ones' queries, with the same length draws
+        self.final_eval_queries = task.eval_queries()[: settings.num_eval_final]
+        self.final_eval_lengths = eval_lengths(len(self.final_eval_queries), task.max_new_tokens, settings.seed)
+        self.eval_queries = self.final_eval_queries[: settings.num_eval]
+        self.eval_lengths = self.final_eval_lengths[: len(self.eval_queries)]
         self.iteration = 0  # number of completed iterations
         self.reseed_at = 0  # iteration of the last RNG reseed (official swap); length draws restart from it
         self.bad_streak = 0
@@ -112,7 +116,7 @@ class Trainer:
         )
         try:
             if self.iteration == 0:
-                self._log(self.evaluate(), step=0)  # before any update
+                self._log(self.evaluate(final=True), step=0)  # before any update
             for k in bar:
                 if self.stop_requested:  # the signal came before the first iteration: nothing new to save
                     self._print_stopped(saved=False)
@@ -132,7 +136,7 @@ class Trainer:
                 self.iteration = k + 1
                 last = self.iteration == self.s.iterations
                 if last or (self.s.eval_every and self.iteration % self.s.eval_every == 0):
-                    self._log(self.evaluate(), step=self.iteration)
+                    self._log(self.evaluate(final=last), step=self.iteration)
                 if bad and self.bad_streak >= self.s.max_bad_iterations:
                     raise NonFiniteError(
                         f"{self.bad_streak} consecutive iterations had a non-finite loss, reward or KL "
@@ -167,13 +171,18 @@ class Trainer:
             flush=True,
         )
 
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self, final: bool = False) -> dict[str, float]:
+        """Every agent on the held-out queries: the first `num_eval_final` before training and at the end
+        (`final`), the first `num_eval` in between."""
         metrics: dict[str, float] = {}
         if not distributed.is_main():  # rank 0 evaluates and logs; the others go on to the next iteration
             return metrics
+        queries, lengths = (
+            (self.final_eval_queries, self.final_eval_lengths) if final else (self.eval_queries, self.eval_lengths)
+        )
         for agent_id, agent in self.algorithm.agents.items():
             m, samples = evaluate(
-                agent, self.task, self.eval_queries, self.eval_lengths, self.s.eval_batch_size, seed=self.s.seed
+                agent, self.task, queries, lengths, self.s.eval_batch_size, seed=self.s.seed
             )  # common random numbers: before/after differ by the policy only
             metrics |= {f"eval/{agent_id}/{k}": v for k, v in m.items()}
             self.logger.log_table(f"eval/{agent_id}/samples", samples, self.iteration)
