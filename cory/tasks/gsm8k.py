@@ -143,6 +143,7 @@ class GSM8KTask(ReasoningTask):
             n_train, n_test = symbolic_sizes
             problems = gsm_symbolic_problems(int(n_train) + int(n_test), seed)
             train, test = problems[: int(n_train)], problems[int(n_train) :]
+        train, test = split_disjoint(train, test)  # before the caps: `num_eval` problems are never trained on
         test = [test[i] for i in np.random.default_rng(seed).permutation(len(test))]
         super().__init__(
             train[:num_train],
