@@ -5,7 +5,7 @@ export HF_DATASETS_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: help install run smoke test test-fast test-all lint format clean
+.PHONY: help install run smoke test test-fast test-all gpu-check lint format clean
 
 help:  ## show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
@@ -34,6 +34,10 @@ test-fast: install  ## everything but the slow learning tests
 
 test-all: install  ## every test, GPU ones included when CUDA is present
 	WANDB_MODE=disabled $(PY) -m pytest -q
+
+gpu-check: install  ## on a CUDA machine: 4-bit + LoRA PPO and CORY, 2 iterations, peak memory and s/iter
+	$(PY) -m pip install -q -r requirements-gpu.txt
+	bash scripts/gpu_check.sh
 
 lint: install  ## ruff check + format check
 	$(PY) -m ruff check .
