@@ -3,6 +3,7 @@
     python -m cory.evaluate outputs/runs/gsm8k/cory/2026-12-02_16-00-00            # latest checkpoint
     python -m cory.evaluate outputs/runs/gsm8k/cory/.../checkpoints/iter_000100 --n 16 --num-problems 128
     python -m cory.evaluate RUN model.name_or_path=/data/llama-2-7b-chat task.dataset_name=/data/gsm8k
+    python -m cory.evaluate experiment=gsm8k_cpu --n 4                           # the base model of a config
 
 For each model — `base` (the initial weights: a fresh policy, whose new LoRA adapter adds exactly zero) and each
 agent of the checkpoint (`llm1`; CORY's `llm2`) — and each held-out problem of the run's task, it draws `n`
@@ -11,11 +12,14 @@ response, and reports the unbiased pass@k for every k ≤ n of `--ks` (averaged 
 accuracy and the share of sampled responses with no number. Sampling is seeded per chunk of problems, the same
 for every model (common random numbers).
 
-Writes to `--out` (default `<run>/evaluation/<checkpoint>`): `results.jsonl` (one row per model and problem,
-appended as chunks finish: a killed evaluation continues where it stopped), `passk.json` (the summary) and
-`passk.png` (pass@k against k, one line per model). With `logger=wandb` in the run's config both are also logged
-to W&B. Trailing `key=value` arguments override the run's resolved config (a local model or dataset path, the
-device); the run's own config is not changed.
+Given Hydra overrides instead of a run (the first argument holds a `=`), it composes that config as
+`python -m cory.train` would and evaluates its base model only: how hard a task is before any training.
+
+Writes to `--out` (default `<run>/evaluation/<checkpoint>`, or `outputs/evaluation/<overrides>`):
+`results.jsonl` (one row per model and problem, appended as chunks finish: a killed evaluation continues where
+it stopped), `passk.json` (the summary) and `passk.png` (pass@k against k, one line per model). With
+`logger=wandb` in the run's config both are also logged to W&B. Trailing `key=value` arguments override the run's
+resolved config (a local model or dataset path, the device); the run's own config is not changed.
 """
 
 from __future__ import annotations
@@ -51,10 +55,21 @@ def resolve_target(path: Path) -> tuple[Path, Path | None]:
     raise ConfigError(f"{path}: neither a cory run folder ({RUN_CONFIG}) nor one of its checkpoints (trainer.json)")
 
 
-def load_config(run_dir: Path, overrides: list[str]) -> DictConfig:
-    """The run's resolved config with `key=value` overrides; an unknown key is an error, not a silent no-op."""
+def load_config(run_dir: Path | None, overrides: list[str]) -> DictConfig:
+    """The run's resolved config with `key=value` overrides (an unknown key is an error, not a silent no-op), or,
+    without a run, the config `python -m cory.train <overrides>` would run."""
     from cory.train import RUN_CONFIG
 
+    if run_dir is None:
+        from hydra import compose, initialize_config_dir
+        from hydra.errors import HydraException
+
+        conf = str(Path(__file__).resolve().parents[1] / "conf")
+        try:
+            with initialize_config_dir(version_base="1.3", config_dir=conf):
+                return compose("train", overrides=overrides)
+        except (HydraException, OmegaConfBaseException) as err:
+            raise ConfigError(" ".join(str(err).split()).split(" Config search path:")[0]) from None
     cfg = OmegaConf.load(run_dir / RUN_CONFIG)
     OmegaConf.set_struct(cfg, True)
     try:
@@ -95,7 +110,7 @@ def sample_chunk(policy: _Policy, task, questions: list[str], n: int, batch_size
 
     prompts = [task.pioneer_prompt(q) for q in questions]
     sampled = responses([p for p in prompts for _ in range(n)], task.generation_kwargs)
-    greedy = responses(prompts, task.generation_kwargs | {"do_sample": False})
+    greedy = responses(prompts, task.generation_kwargs | {"do_sample": False, "top_k": None})  # top_k unused
     rows = []
     for i, q in enumerate(questions):
         answers = sampled[i * n : (i + 1) * n]
@@ -158,7 +173,7 @@ def read_results(path: Path) -> list[dict]:
 
 
 def evaluate_run(
-    target: Path,
+    target: Path | None,
     overrides: list[str],
     n: int,
     ks: list[int],
@@ -167,18 +182,24 @@ def evaluate_run(
     seed: int,
     out: Path | None,
 ) -> dict[str, dict]:
-    """Evaluate the base model and every agent of `target`'s checkpoint; returns {model: summary}."""
+    """Evaluate the base model and every agent of `target`'s checkpoint (the base model of the config composed from
+    `overrides` when `target` is None); returns {model: summary}."""
     from hydra.utils import instantiate
 
     from cory.train import build_backbone
 
-    run_dir, checkpoint = resolve_target(target)
+    run_dir, checkpoint = resolve_target(target) if target is not None else (None, None)
     cfg = load_config(run_dir, overrides)
     validate(cfg)  # an override can make it invalid (4-bit on a CPU): one line, before any model loads
-    out = Path(out) if out else run_dir / "evaluation" / (checkpoint.name if checkpoint else "base")
+    if out is None and run_dir is not None:
+        out = run_dir / "evaluation" / (checkpoint.name if checkpoint else "base")
+    elif out is None:
+        out = Path("outputs") / "evaluation" / ("_".join(overrides) or "default")
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     agents = json.loads((checkpoint / "trainer.json").read_text())["agents"] if checkpoint else []
     settings = {"n": n, "seed": seed, "checkpoint": str(checkpoint), "num_problems": num_problems}
+    settings |= {"config": overrides} if run_dir is None else {}
     if (out / SETTINGS).exists() and json.loads((out / SETTINGS).read_text()) != settings:
         raise ConfigError(f"{out} holds results of other settings ({out / SETTINGS}); pass another --out")
     (out / SETTINGS).write_text(json.dumps(settings))
@@ -217,7 +238,7 @@ def evaluate_run(
     (out / SUMMARY).write_text(json.dumps(summary, indent=2))
     plot_passk(summary, out / PLOT, f"{task.name}: n={n}, {len(questions)} problems")
     if str(cfg.logger.get("_target_", "")).endswith("WandbLogger"):
-        _log_to_wandb(cfg, run_dir, out, summary)
+        _log_to_wandb(cfg, run_dir or out, out, summary)
     return summary
 
 
@@ -237,7 +258,7 @@ def main(argv: list[str] | None = None) -> None:
     from cory.train import USER_ERRORS
 
     parser = argparse.ArgumentParser(prog="python -m cory.evaluate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("target", type=Path, help="a run folder (its latest checkpoint) or a checkpoint folder")
+    parser.add_argument("target", help="a run folder (its latest checkpoint), a checkpoint folder, or an override")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the run's resolved config")
     parser.add_argument("--n", type=int, default=16, help="samples per problem (default 16)")
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="k values (each <= n)")
@@ -249,8 +270,11 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args.n < 1 or min(args.ks) < 1:
             raise ConfigError(f"--n={args.n} and --ks={args.ks}: need n >= 1 and every k >= 1")
+        target, overrides = Path(args.target), args.overrides
+        if "=" in args.target:  # no run: the base model of the config these overrides compose
+            target, overrides = None, [args.target, *args.overrides]
         summary = evaluate_run(
-            args.target, args.overrides, args.n, args.ks, args.num_problems, args.batch_size, args.seed, args.out
+            target, overrides, args.n, args.ks, args.num_problems, args.batch_size, args.seed, args.out
         )
     except USER_ERRORS as err:
         print("error: " + " ".join(str(err).split()), file=sys.stderr)

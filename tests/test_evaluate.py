@@ -64,6 +64,12 @@ def test_every_agent_and_the_base_model_are_evaluated(cory_run, tmp_path):
     assert (tmp_path / "passk.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_overrides_instead_of_a_run_evaluate_the_base_model_of_that_config(tmp_path):
+    overrides = ["experiment=gsm8k_smoke", "task.num_eval=4"]
+    summary = evaluate_run(None, overrides, n=2, ks=[1, 2], num_problems=None, batch_size=8, seed=0, out=tmp_path)
+    assert list(summary) == ["base"] and summary["base"]["num_problems"] == 4
+
+
 def test_the_base_model_of_a_lora_run_is_the_adapter_free_model():
     """A fresh adapter adds exactly zero: the `base` samples equal those of the same model without LoRA."""
     rows = {}
