@@ -11,7 +11,10 @@ Run: `pytest tests/test_gsm8k.py` (about a minute on 2 CPUs).
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
+from pathlib import Path
 
 import pytest
 from conftest import compose_cfg
@@ -21,11 +24,13 @@ from test_train import check_run_folder, read_rows
 import cory.trainer
 from cory.answers import extract_answer
 from cory.config import validate
+from cory.evaluate import evaluate_run
 from cory.problems import Problem
 from cory.tasks.base import SafeScorer
 from cory.train import train
 
 SHOT = "Question: Shawn has five toys."
+REPO = Path(__file__).resolve().parents[1]
 
 
 def gsm8k_folder(tmp_path, n_train: int = 6, n_test: int = 5):
@@ -165,6 +170,34 @@ def test_the_paper_commands_compose(command):
         assert "CUDA is not available" in str(err) or "needs CUDA" in str(err), err
 
 
+def _readme_commands(prefix: str) -> list[str]:
+    """Every backticked README command that starts with `prefix` and mentions GSM8K's experiments."""
+    text = (REPO / "README.md").read_text()
+    found = [c for c in re.findall(r"`([^`\n]+)`", text) if c.startswith(prefix) and "gsm8k" in c]
+    return list(dict.fromkeys(found))
+
+
+@pytest.mark.parametrize("command", _readme_commands("python -m cory.train -m "))
+def test_the_readme_gsm8k_sweeps_compose(command):
+    """Each run of each GSM8K sweep the README prints composes and validates (up to the missing GPU)."""
+    values = [arg.split("=", 1) for arg in command.removeprefix("python -m cory.train -m ").split()]
+    runs = list(itertools.product(*[[f"{k}={v}" for v in vs.split(",")] for k, vs in values]))
+    assert len(runs) >= 6
+    for run in runs:
+        try:
+            validate(compose_cfg(list(run)))
+        except Exception as err:  # noqa: BLE001 - only the missing GPU may stop it here
+            assert "CUDA is not available" in str(err) or "needs CUDA" in str(err), (run, err)
+
+
+@pytest.mark.parametrize("command", _readme_commands("python scripts/benchmark.py "))
+def test_the_readme_memory_benchmarks_compose(command):
+    """The benchmark runs `cory.train` with these overrides (plus its own cadence keys) for PPO and CORY."""
+    overrides = [a for a in command.split()[2:] if "=" in a]
+    for algorithm in ("ppo", "cory"):
+        validate(compose_cfg([*overrides, f"algorithm={algorithm}", "eval_every=0", "save_every=0", "num_eval=2"]))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["ppo", "cory"])
 def test_the_cpu_experiment_runs(tmp_path, tmp_path_factory, algorithm):
@@ -181,3 +214,7 @@ def test_the_cpu_experiment_runs(tmp_path, tmp_path_factory, algorithm):
     cfg = compose_cfg(["experiment=gsm8k_cpu", f"algorithm={algorithm}", *overrides])
     summary = train(cfg, tmp_path / "run")
     assert summary["completed"] and summary["task"] == "arithmetic"
+    # then `python -m cory.evaluate <run folder>` on two problems, two samples each
+    passk = evaluate_run(tmp_path / "run", [], n=2, ks=[1, 2], num_problems=2, batch_size=4, seed=0, out=None)
+    assert list(passk) == ["base", *summary["agents"]]
+    assert (tmp_path / "run" / "evaluation" / "iter_000001" / "passk.png").exists()

@@ -160,6 +160,18 @@ def test_role_swap_keeps_adapters_and_optimiser_state_with_their_agent():
     assert algorithm.roles["pioneer"] == "llm1"
 
 
+def test_the_official_swap_resets_each_agents_own_state():
+    """`faithful_official_swap` with LoRA: fresh Adam over the same adapter, β back to its initial value."""
+    cfg = smoke("algorithm=cory", "algorithm.swap_period=1", "algorithm.faithful_official_swap=true")
+    algorithm, _ = make_algorithm(cfg)
+    a = algorithm.agents["llm1"]
+    before = adapter(a)
+    out = algorithm.step(QUERIES, 4, 0)
+    assert out.reseed and changed(before, adapter(a))  # it learned, then the swap reset its training state
+    assert a.optimizer.state_dict()["state"] == {} and a.kl_ctl.value == cfg.algorithm.agent.init_kl_coef
+    assert {id(p) for g in a.optimizer.param_groups for p in g["params"]} == {id(p) for p in a.trainable_parameters()}
+
+
 def test_one_shared_base_gives_the_numbers_of_separate_copies():
     """Adapter switching is exact: sharing the base changes memory, never a number."""
     metrics = {}
