@@ -150,6 +150,8 @@ def plot_passk(summary: dict[str, dict], path: Path, title: str) -> None:
         ks = sorted(int(key.split("@")[1]) for key in stats if key.startswith("pass@"))
         ax.plot(ks, [stats[f"pass@{k}"] for k in ks], marker="o", label=model)
     ax.set_xscale("log", base=2)
+    ticks = sorted({int(key.split("@")[1]) for stats in summary.values() for key in stats if key.startswith("pass@")})
+    ax.set_xticks(ticks, [str(k) for k in ticks])
     ax.set(xlabel="k", ylabel="pass@k", title=title, ylim=(0, 1))
     ax.grid(alpha=0.3)
     ax.legend()
