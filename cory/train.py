@@ -30,15 +30,23 @@ if TYPE_CHECKING:
     from cory.policy import Backbone
 
 
-def build_backbone(model_cfg: DictConfig, device) -> Backbone:
-    """The `model` config: its loader (`_target_` and the loader's keys) and how agents attach to the loaded
-    model (`lora`, `add_special_tokens`; absent keys mean full fine-tuning and no special tokens)."""
-    from cory.policy import HANDLE_KEYS, Backbone, LoraSettings
+def load_model(model_cfg: DictConfig):
+    """(model, tokenizer) from the `model` config's loader: its `_target_` with every key but `HANDLE_KEYS`."""
+    from cory.policy import HANDLE_KEYS
 
     node = OmegaConf.to_container(model_cfg, resolve=True)  # resolved first: `${cache_dir}` lives at the top
-    model, tokenizer = _instantiate({k: v for k, v in node.items() if k not in HANDLE_KEYS})
-    lora = LoraSettings.from_block(node.get("lora") or {})
-    return Backbone(model, tokenizer, lora, bool(node.get("add_special_tokens", False)), device)
+    return _instantiate({k: v for k, v in node.items() if k not in HANDLE_KEYS})
+
+
+def build_backbone(model_cfg: DictConfig, device) -> Backbone:
+    """The `model` config: the loaded model and how agents attach to it (`lora`, `add_special_tokens`; absent
+    keys mean full fine-tuning and no special tokens)."""
+    from cory.policy import Backbone, LoraSettings
+
+    model, tokenizer = load_model(model_cfg)
+    block = model_cfg.get("lora")
+    lora = LoraSettings.from_block(OmegaConf.to_container(block, resolve=True) if block is not None else {})
+    return Backbone(model, tokenizer, lora, bool(model_cfg.get("add_special_tokens", False)), device)
 
 
 def build_agent(name: str, *, backbone: Backbone, reference, cfg: DictConfig, device, seed: int):
