@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 
 from cory.agent import Agent
 from cory.algorithms.cory import CORY
+from cory.policy import HANDLE_KEYS
 from cory.ppo_core import RunningMoments
 from cory.tasks.toy import ToyTask
 from cory.train import build_agent, build_backbone, train
@@ -352,7 +353,7 @@ def test_imdb_experiments_compose(experiment):
     bind(cfg.task.reward)
     task = OmegaConf.to_container(cfg.task, resolve=True)
     inspect.signature(get_object(task.pop("_target_"))).bind_partial(**task)
-    bind(cfg.model)
+    bind(OmegaConf.masked_copy(cfg.model, [k for k in cfg.model if k not in HANDLE_KEYS]))  # the loader's keys
     algorithm = OmegaConf.masked_copy(cfg.algorithm, [k for k in cfg.algorithm if k != "agent"])
     bind(algorithm)
     from cory.agent import PPOConfig
