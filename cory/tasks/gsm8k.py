@@ -32,8 +32,8 @@ class ReasoningTask:
 
     Args:
         train, evaluation: the problems; duplicates and test questions seen in training are dropped.
-        pioneer_template: the query-only prompt, with `{question}`.
-        observer_template: the observer's prompt, with `{question}` and `{response}` (the pioneer's answer).
+        pioneer_template: the query-only prompt, with `{query}` (the question).
+        observer_template: the observer's prompt, with `{query}` and `{response}` (the pioneer's answer).
         stop_at_question: judge only the text before a run-on "\\nQuestion:".
         max_new_tokens: inclusive range of the response length (one draw per iteration).
         generation_kwargs: sampling settings of training and evaluation.
@@ -79,11 +79,11 @@ class ReasoningTask:
 
     def pioneer_prompt(self, query: str) -> str:
         """The one-shot prompt ending in "Answer:" (docs/method.md §1.3)."""
-        return self.pioneer_template.format(question=query)
+        return self.pioneer_template.format(query=query)
 
     def observer_prompt(self, query: str, pioneer_response: str) -> str:
         """The same prompt with "Reference: {a1}" before the final "Answer:"; a1 without surrounding whitespace."""
-        return self.observer_template.format(question=query, response=pioneer_response.strip())
+        return self.observer_template.format(query=query, response=pioneer_response.strip())
 
     def correct(self, query: str, response: str) -> bool:
         """Whether the response's answer (last number) equals the query's ground truth."""
