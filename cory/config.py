@@ -126,10 +126,6 @@ def _check_model(cfg: DictConfig) -> None:
             "kernels); use hardware=gpu on a GPU machine or load_in_4bit=false",
         )
         _check(
-            importlib.util.find_spec("bitsandbytes") is not None,
-            "model.load_in_4bit=true needs bitsandbytes: pip install -r requirements-gpu.txt",
-        )
-        _check(
             lora is not None and lora.enabled and lora.share_base,
             "model.load_in_4bit=true trains through LoRA adapters on one shared base: set model.lora.enabled=true "
             "and model.lora.share_base=true (4-bit weights cannot be fine-tuned or copied)",

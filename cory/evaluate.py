@@ -268,6 +268,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=None, help="prompts per generate (default eval_batch_size)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default <run>/evaluation/<ckpt>)")
+    parser.add_argument("--cfg", choices=["job"], help="print the config it would evaluate with, run nothing")
     args = parser.parse_args(argv)
     try:
         if args.n < 1 or min(args.ks) < 1:
@@ -275,6 +276,10 @@ def main(argv: list[str] | None = None) -> None:
         target, overrides = Path(args.target), args.overrides
         if "=" in args.target:  # no run: the base model of the config these overrides compose
             target, overrides = None, [args.target, *args.overrides]
+        if args.cfg:
+            run_dir = resolve_target(target)[0] if target is not None else None
+            print(OmegaConf.to_yaml(load_config(run_dir, overrides)))
+            return
         summary = evaluate_run(
             target, overrides, args.n, args.ks, args.num_problems, args.batch_size, args.seed, args.out
         )

@@ -11,6 +11,7 @@ generation; `cory.rollout.generate` also passes every setting explicitly.
 from __future__ import annotations
 
 import copy
+import importlib.util
 import os
 import tempfile
 from pathlib import Path
@@ -151,6 +152,10 @@ def load_pretrained(
 
     An unreachable name fails within seconds with a message saying how to use a local folder (`cory.hub`).
     """
+    if load_in_4bit and importlib.util.find_spec("bitsandbytes") is None:  # checked where 4 bit is used
+        from cory.config import ConfigError
+
+        raise ConfigError("model.load_in_4bit=true needs bitsandbytes: pip install -r requirements-gpu.txt")
     tokenizer = from_pretrained_or_fail(
         AutoTokenizer.from_pretrained,
         name_or_path,

@@ -127,6 +127,13 @@ def test_errors_are_one_line(cory_run, tmp_path):
     assert out.returncode == 2 and "other settings" in out.stderr
 
 
+def test_cfg_job_prints_the_config_and_runs_nothing(cory_run):
+    for target in (str(cory_run), "experiment=gsm8k_smoke"):
+        out = _run(target, "--cfg", "job")
+        assert out.returncode == 0 and "_target_: cory.models.build_tiny_llama" in out.stdout, out.stderr
+        assert "problems done" not in out.stderr
+
+
 def test_a_task_without_numeric_answers_is_refused(tmp_path):
     run_dir = tmp_path / "run"
     train(compose_cfg(["experiment=smoke", "iterations=1", "progress=false"]), run_dir)

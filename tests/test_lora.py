@@ -296,9 +296,11 @@ def test_4bit_is_refused_on_a_cpu_in_one_line(monkeypatch):
         validate(compose_cfg(["experiment=gsm8k_llama2", "hardware=cpu"]))
     assert "\n" not in str(err.value)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: object())
     with pytest.raises(ConfigError, match=r"^model\.load_in_4bit=true trains through LoRA"):
         validate(compose_cfg(["experiment=gsm8k_smoke", "model.load_in_4bit=true", "model.lora.share_base=false"]))
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)  # no bitsandbytes: refused before loading
+    with pytest.raises(ConfigError, match=r"^model\.load_in_4bit=true needs bitsandbytes: pip install"):
+        load_pretrained("/nonexistent", load_in_4bit=True)
 
 
 @pytest.mark.gpu
