@@ -5,7 +5,7 @@ export HF_DATASETS_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: help install run smoke test test-fast test-all parity lint format clean
+.PHONY: help install run smoke test test-fast test-all parity gpu-check lint format clean
 
 help:  ## show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
@@ -44,6 +44,10 @@ test-all: install  ## every test, GPU ones included when CUDA is present
 parity: .venv-trl/.installed  ## our PPO update vs TRL 0.11.4's PPOTrainer.step (builds .venv-trl once: 2-4 min)
 	PYTHONPATH=. .venv-trl/bin/python scripts/check_trl_parity.py --extra --out outputs/trl_parity.json
 	PYTHONPATH=. .venv-trl/bin/python -m pytest -q tests/test_trl_parity.py
+
+gpu-check: install  ## on a CUDA machine: 4-bit + LoRA PPO and CORY, 2 iterations, peak memory and s/iter
+	$(PY) -m pip install -q -r requirements-gpu.txt
+	bash scripts/gpu_check.sh
 
 lint: install  ## ruff check + format check
 	$(PY) -m ruff check .

@@ -17,12 +17,11 @@ from pathlib import Path
 import numpy as np
 import torch
 import yaml
-from safetensors.torch import load_model, save_model
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from cory import ppo_core
 from cory.distributed import world_size
-from cory.models import PolicyWithValueHead
+from cory.policy import PolicyWithValueHead
 from cory.rollout import Rollout, forward_logits, generate, pad, score_forward
 
 # The learner block's only written values: `conf/algorithm/ppo.yaml` (experiments change them by small diffs).
@@ -71,13 +70,27 @@ class PPOConfig:
 
 
 class Agent:
-    """One trainable copy of the model plus everything that belongs to it (docs/method.md §1.1, §1.5)."""
+    """One trainable policy plus everything that belongs to it (docs/method.md §1.1, §1.5).
+
+    Args:
+        name: the agent id (`llm1`, `llm2`).
+        model: its policy handle (`cory.policy.Backbone.policy`: a full model or one LoRA adapter, with its value
+            head), or a bare causal LM that this agent then owns entirely (wrapped here with a fresh value head).
+        ref_model: π0, shared and frozen: a frozen copy, or the LoRA base with adapters disabled. Never stepped,
+            never saved by an agent.
+        tokenizer: the policy's tokenizer.
+        config: the learner block.
+        seed: seed of this agent's minibatch-permutation stream.
+        device, autocast_dtype, forward_batch_size: placement, mixed precision, rollout micro-batch.
+        value_head_seed: seed of the value head built for a bare `model` (default `seed`).
+        add_special_tokens: tokenise prompts with the tokenizer's special tokens (the model's choice: Llama's BOS).
+    """
 
     def __init__(
         self,
         name: str,
-        model: PreTrainedModel,
-        ref_model: PreTrainedModel,
+        model: PreTrainedModel | PolicyWithValueHead,
+        ref_model: torch.nn.Module,
         tokenizer: PreTrainedTokenizerBase,
         config: PPOConfig,
         seed: int,
@@ -85,14 +98,19 @@ class Agent:
         autocast_dtype: torch.dtype | None = None,
         forward_batch_size: int = 64,
         value_head_seed: int | None = None,
+        add_special_tokens: bool = False,
     ) -> None:
         self.name, self.config, self.tokenizer = name, config, tokenizer
         self.device = torch.device(device)
-        with torch.random.fork_rng():
-            # the value head is the only random part of an agent; a fixed seed makes CORY's two agents identical
-            torch.manual_seed(seed if value_head_seed is None else value_head_seed)
-            self.policy = PolicyWithValueHead(model).to(self.device)
-        self.ref_model = ref_model  # shared, frozen π0: never stepped, never saved by an agent
+        if isinstance(model, PolicyWithValueHead):
+            self.policy = model  # placed and seeded by `Backbone.policy`
+        else:
+            with torch.random.fork_rng():
+                # the value head is the only random part of a bare model's agent; a fixed seed makes agents identical
+                torch.manual_seed(seed if value_head_seed is None else value_head_seed)
+                self.policy = PolicyWithValueHead(model).to(self.device)
+        self.ref_model = ref_model
+        self.add_special_tokens = add_special_tokens
         self.optimizer = self._new_optimizer()
         self.kl_ctl = ppo_core.KLController(
             config.init_kl_coef, config.adaptive_kl, config.kl_target, config.kl_horizon
@@ -134,13 +152,14 @@ class Agent:
         self.policy.train(train_mode)
         with self._autocast():
             prompt_ids, response_ids = generate(
-                self.policy.pretrained_model,
+                self.policy,
                 self.tokenizer,
                 prompts,
                 max_new_tokens,
                 generation_kwargs,
                 self.device,
                 batch_size,
+                self.add_special_tokens,
             )
         self.policy.eval()
         if lengths is not None:
@@ -296,8 +315,10 @@ class Agent:
             }
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
-        """The tensors the optimiser steps; the trainer checks them for finiteness after every step."""
-        return [p for p in self.policy.parameters() if p.requires_grad]
+        """The parameters this agent's optimiser steps, selected by name: its LoRA adapter and value head, or the
+        whole policy with full fine-tuning (never by `requires_grad`, which PEFT flips with the active adapter).
+        The trainer checks them for finiteness after every step."""
+        return self.policy.trainable_parameters()
 
     def _new_optimizer(self) -> torch.optim.Adam:
         """Adam with torch defaults, no weight decay, constant learning rate (docs/method.md §2.1)."""
@@ -323,9 +344,10 @@ class Agent:
 
     # ------------------------------------------------------------------------------------------ checkpointing
     def save(self, directory: Path) -> None:
-        """Weights (safetensors), optimiser (tensors only), KL controller, score moments and RNG (JSON)."""
+        """What the policy owns (safetensors: adapter + value head, or all weights), optimiser (tensors only),
+        KL controller, score moments and RNG (JSON)."""
         directory.mkdir(parents=True, exist_ok=True)
-        save_model(self.policy, str(directory / "policy.safetensors"))
+        self.policy.save_weights(directory)
         torch.save(self.optimizer.state_dict(), directory / "optimizer.pt")
         rng_name, keys, pos, has_gauss, gauss = self.rng.get_state()
         state = {
@@ -338,7 +360,7 @@ class Agent:
 
     def load(self, directory: Path) -> None:
         """Inverse of `save`; the optimiser state is read with `weights_only=True` (no pickle execution)."""
-        load_model(self.policy, str(directory / "policy.safetensors"), device=str(self.device))
+        self.policy.load_weights(directory)
         self.optimizer.load_state_dict(torch.load(directory / "optimizer.pt", weights_only=True))
         state = json.loads((directory / "agent.json").read_text())
         self.kl_ctl.value = state["kl_coef"]

@@ -68,9 +68,11 @@ def validate(cfg: DictConfig) -> None:
     if cfg.logger.get("_target_", "").endswith("WandbLogger"):
         _check(importlib.util.find_spec("wandb") is not None, "logger=wandb but wandb is not installed")
     # a typo'd key, a wrong `_target_` or a value of the wrong type would otherwise fail after the model loads
+    from cory.policy import HANDLE_KEYS  # the model keys read by `Backbone`, not by the loader
+
+    skips = {"algorithm": LEARNER_KEYS if has_learner(cfg) else RUNNER_KEYS, "model": HANDLE_KEYS}
     for group in ("model", "task", "algorithm", "logger"):
-        skip = (LEARNER_KEYS if has_learner(cfg) else RUNNER_KEYS) if group == "algorithm" else ()
-        _check_target(cfg[group], group, skip=skip)
+        _check_target(cfg[group], group, skip=skips.get(group, ()))
     _check_local_inputs(cfg)
 
 
@@ -178,6 +180,8 @@ def _check_run(cfg: DictConfig) -> None:
     _check(cfg.keep_checkpoints >= 1, f"keep_checkpoints={cfg.keep_checkpoints}: must be >= 1")
     _check(cfg.max_bad_iterations >= 1, f"max_bad_iterations={cfg.max_bad_iterations}: must be >= 1")
     _check(cfg.num_eval is None or cfg.num_eval >= 1, f"num_eval={cfg.num_eval}: must be >= 1 or null")
+    final = cfg.get("num_eval_final")
+    _check(final is None or final >= 1, f"num_eval_final={final}: must be >= 1 or null")
     _check(cfg.eval_batch_size >= 1, f"eval_batch_size={cfg.eval_batch_size}: must be >= 1")
     if cfg.get("resume"):
         _check(Path(cfg.resume).is_dir(), f"resume={cfg.resume}: no such run folder")
@@ -226,8 +230,14 @@ def _check_task_and_hardware(cfg: DictConfig) -> None:
         num_train is None or not has_learner(cfg) or num_train >= cfg.batch_size,
         f"task.num_train={num_train}: must be >= batch_size={cfg.batch_size} (one batch per iteration)",
     )
-    if "source" in cfg.task:
-        _check(cfg.task.source in ("packaged", "hub"), f"task.source={cfg.task.source!r}: allowed packaged, hub")
+    if "source" in cfg.task:  # each task class lists its data sources (`SOURCES`)
+        try:
+            sources = get_object(cfg.task._target_).SOURCES
+        except Exception:  # noqa: BLE001 - a wrong `_target_` is reported by `_check_target`
+            sources = None
+        if sources is not None:
+            allowed = ", ".join(sources)
+            _check(cfg.task.source in sources, f"task.source={cfg.task.source!r}: allowed {allowed}")
     hw = cfg.hardware
     _check_types(hw, HARDWARE_TYPES, "hardware.")
     _check(hw.precision in ("fp32", "bf16", "fp16"), f"hardware.precision={hw.precision!r}: allowed fp32, bf16, fp16")
@@ -245,11 +255,26 @@ def _check_task_and_hardware(cfg: DictConfig) -> None:
 
 
 def _check_model(cfg: DictConfig) -> None:
+    lora = cfg.model.get("lora")
+    if lora is not None:
+        from cory.policy import LoraSettings
+
+        _check_keys(lora, "model.lora", [f.name for f in dataclasses.fields(LoraSettings)], "the LoRA settings")
+        if lora.enabled:
+            _check(
+                lora.r >= 1 and lora.alpha > 0, f"model.lora.r={lora.r}, alpha={lora.alpha}: need r >= 1, alpha > 0"
+            )
+            _check(0 <= lora.dropout < 1, f"model.lora.dropout={lora.dropout}: must be in [0, 1)")
     if cfg.model.get("load_in_4bit"):
         _check(
             torch.cuda.is_available(),
             "model.load_in_4bit=true needs CUDA (bitsandbytes 4-bit has no CPU "
             "kernels); use hardware=gpu on a GPU machine or load_in_4bit=false",
+        )
+        _check(
+            lora is not None and lora.enabled and lora.share_base,
+            "model.load_in_4bit=true trains through LoRA adapters on one shared base: set model.lora.enabled=true "
+            "and model.lora.share_base=true (4-bit weights cannot be fine-tuned or copied)",
         )
     path = cfg.model.get("name_or_path")
     if path and (str(path).startswith(("/", "./", "../", "~"))):

@@ -2,7 +2,8 @@
 
 PPO's agent and each CORY agent are evaluated identically, so their numbers are the same quantity:
 task reward r(q, a), KL_seq = Σ_t full-vocabulary KL to π0 on the query-only prompt, and the combined reward
-r − η_eval·KL_seq with η_eval fixed per task and shared by all algorithms.
+r − η_eval·KL_seq with η_eval fixed per task and shared by all algorithms, plus what the task defines
+(`eval_metrics(queries, responses)`, optional). pass@k with n samples per problem is `cory.evaluate`'s job.
 
 Evaluation always samples in eval mode (dropout off), whatever `generate_in_train_mode` says: that option
 reproduces TRL's training-time sampling (docs/method.md §2.1) and would otherwise make the evaluation at
@@ -50,6 +51,8 @@ def evaluate(
         "response_length": rollout.response_mask.sum(-1).float().mean().item(),
         "reward_failures": float(failed),
     }
+    if hasattr(task, "eval_metrics"):  # what a task adds (GSM8K: the share of responses with no number)
+        metrics |= task.eval_metrics(queries, rollout.responses)
     samples = [
         {"query": q, "response": a, "reward": s, "kl": k}
         for q, a, s, k in zip(queries[:4], rollout.responses, scores, kl_seq.tolist())

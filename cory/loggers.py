@@ -127,6 +127,7 @@ METRICS: dict[str, str] = {
     eval_key(_A, "combined_reward"): "r − η_eval·KL_seq on held-out queries, fixed η_eval shared by all algorithms.",
     eval_key(_A, "response_length"): "T on held-out queries, EOS included if generated.",
     eval_key(_A, "reward_failures"): "Held-out samples whose reward raised (given the task's failure reward).",
+    eval_key(_A, "no_answer_rate"): "GSM8K and arithmetic: share of held-out responses with no number (reward 0).",
     # Cost.
     TIME_ITERATION: "Wall-clock seconds of the whole training iteration.",
     TIME_GENERATE: "Seconds spent generating responses this iteration (all agents).",
@@ -386,6 +387,15 @@ class WandbLogger:
             self._run.log({name: self._wandb.Table(columns=columns, data=data)}, step=int(step))
         except Exception as exc:  # noqa: BLE001
             self._disable("log_table", exc)
+
+    def log_image(self, name: str, path: str | Path, step: int) -> None:
+        """Mirror a PNG already written to disk (`cory.evaluate`'s pass@k plot) to W&B."""
+        if self._run is None:
+            return
+        try:
+            self._run.log({name: self._wandb.Image(str(path))}, step=int(step))
+        except Exception as exc:  # noqa: BLE001
+            self._disable("log_image", exc)
 
     def close(self) -> None:
         self.jsonl.close()

@@ -1,23 +1,30 @@
-"""Policy, value head, frozen reference and tokenizer (docs/method.md §2.1).
+"""Model loaders and the frozen-copy reference (docs/method.md §2.1, §3.3).
 
-Every `conf/model/*.yaml` is a `_target_` to one of the builders below; each returns `(model, tokenizer)` with
-the model in float32 on CPU. The agent wraps the model in `PolicyWithValueHead`; the trainer deep-copies the
-initial model once into the shared frozen reference π0.
+Every `conf/model/*.yaml` is a `_target_` to one of the loaders below plus two keys that are not the loader's
+(`lora`, `add_special_tokens`: how agents attach to the model, read by `cory.policy.Backbone`). Each loader
+returns `(model, tokenizer)`: float weights on CPU, or, with `load_in_4bit`, bitsandbytes NF4 weights on the
+current CUDA device. The model's own `generation_config` is replaced by one holding only its special-token ids,
+so sampling settings shipped with a checkpoint (Llama-2-chat's temperature 0.6, top-p 0.9) never leak into
+generation; `cory.rollout.generate` also passes every setting explicitly.
 """
 
 from __future__ import annotations
 
 import copy
+import importlib.util
 import os
+import tempfile
 from pathlib import Path
 
 import torch
-from torch import nn
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
+    GenerationConfig,
     GPT2Config,
     GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
@@ -26,70 +33,37 @@ from transformers import (
 from cory.hub import from_pretrained_or_fail
 
 EOS = "<|endoftext|>"
-
-
-class ValueHead(nn.Module):
-    """Dropout(p) → Linear(hidden → 1) on the last hidden state, output in float32 (TRL 0.11.4 `ValueHead`)."""
-
-    def __init__(self, hidden_size: int, dropout: float = 0.1) -> None:
-        super().__init__()
-        self.dropout = nn.Dropout(dropout)
-        self.summary = nn.Linear(hidden_size, 1)
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """[B, L, H] → [B, L] float32."""
-        out = self.dropout(hidden_states).to(self.summary.weight.dtype)
-        return self.summary(out).squeeze(-1).float()
-
-
-class PolicyWithValueHead(nn.Module):
-    """A causal LM and a value head sharing its trunk (TRL's `AutoModelForCausalLMWithValueHead`)."""
-
-    def __init__(self, pretrained_model: PreTrainedModel, value_head_dropout: float = 0.1) -> None:
-        super().__init__()
-        self.pretrained_model = pretrained_model
-        self.v_head = ValueHead(pretrained_model.config.get_text_config().hidden_size, value_head_dropout)
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        position_ids: torch.Tensor,
-        logits_to_keep: int = 0,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """[B, L] ids, mask and positions → (logits [B, K, V] float32, values [B, K] float32) for the last
-        K = `logits_to_keep` positions (all L when 0). Skipping the LM head on prompt positions is pure speed:
-        CORY's observer prompt is three times the pioneer's."""
-        out = self.pretrained_model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            output_hidden_states=True,
-            use_cache=False,
-            logits_to_keep=logits_to_keep,
-        )
-        hidden = out.hidden_states[-1]
-        return out.logits.float(), self.v_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
+BOS = "<s>"
 
 
 def make_reference(model: PreTrainedModel) -> PreTrainedModel:
-    """A frozen deep copy of the initial model: π0, shared by every agent (docs/method.md §1.1)."""
+    """A frozen deep copy of the initial model: π0 of full fine-tuning, shared by every agent (docs/method.md
+    §1.1). LoRA agents use the base with adapters disabled instead (`cory.policy.AdapterFreeReference`)."""
     ref = copy.deepcopy(model).eval()
     ref.requires_grad_(False)
     return ref
 
 
-def byte_tokenizer() -> PreTrainedTokenizerFast:
-    """A byte-level tokenizer built in memory (256 byte tokens + `<|endoftext|>`), so tests need no download."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+def byte_tokenizer(bos: bool = False) -> PreTrainedTokenizerFast:
+    """A byte-level tokenizer built in memory (256 byte tokens + `<|endoftext|>`), so tests need no download.
+
+    Args:
+        bos: add a distinct `<s>` that `add_special_tokens=True` prepends, as Llama's tokenizer does (else the
+            BOS is `<|endoftext|>`, never added: GPT-2's behaviour).
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     vocab = {ch: i for i, ch in enumerate(alphabet)}
     vocab[EOS] = len(vocab)
+    if bos:
+        vocab[BOS] = len(vocab)
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS, bos_token=EOS)
+    if bos:
+        tok.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", special_tokens=[(BOS, vocab[BOS])])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS, bos_token=BOS if bos else EOS)
     fast.add_special_tokens({"eos_token": EOS})
     return fast
 
@@ -112,6 +86,50 @@ def build_tiny_gpt2(
     with torch.random.fork_rng():
         torch.manual_seed(seed)  # the tiny model is the same whatever the run seed: tests compare runs
         model = GPT2LMHeadModel(config)
+    _neutral_generation_config(model, tokenizer)
+    return model, tokenizer
+
+
+def build_tiny_llama(
+    hidden_size: int = 32,
+    intermediate_size: int = 64,
+    num_hidden_layers: int = 2,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
+    max_position_embeddings: int = 512,
+    seed: int = 0,
+    load_in_4bit: bool = False,
+    compute_dtype: str = "bfloat16",
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A randomly initialised Llama-architecture model with the byte tokenizer and a BOS (`model=tiny_llama`).
+
+    Same modules as Llama-2 (q/k/v/o projections, SwiGLU MLP, RMSNorm, rotary positions, grouped KV heads), a
+    few tens of thousands of parameters: the LoRA, two-adapter and 4-bit paths run on it in seconds. With
+    `load_in_4bit` it goes through `load_pretrained` from a temporary folder, the path a Hub model takes.
+    """
+    tokenizer = byte_tokenizer(bos=True)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
+        max_position_embeddings=max_position_embeddings,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    if load_in_4bit:
+        with tempfile.TemporaryDirectory(prefix="tiny-llama-") as folder:
+            model.save_pretrained(folder)
+            tokenizer.save_pretrained(folder)
+            return load_pretrained(folder, load_in_4bit=True, compute_dtype=compute_dtype)
+    _neutral_generation_config(model, tokenizer)
     return model, tokenizer
 
 
@@ -119,11 +137,25 @@ def load_pretrained(
     name_or_path: str,
     trust_remote_code: bool = False,
     dtype: str = "float32",
+    load_in_4bit: bool = False,
+    compute_dtype: str = "bfloat16",
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """A hub name or a local folder, through the same `from_pretrained` path (`model=gpt2*`, `llama2_7b_chat`).
+    """A hub name or a local folder, through the same `from_pretrained` path (`model=gpt2*`, `llama2_*`).
+
+    Args:
+        name_or_path: Hub id or local folder written by `save_pretrained`.
+        trust_remote_code: never true in a shipped config.
+        dtype: dtype of the weights that are not quantized.
+        load_in_4bit: bitsandbytes NF4 without double quantisation (QLoRA's scheme, docs/method.md §3.3), placed
+            on the current CUDA device; train it through LoRA adapters.
+        compute_dtype: dtype of the 4-bit layers' matrix products.
 
     An unreachable name fails within seconds with a message saying how to use a local folder (`cory.hub`).
     """
+    if load_in_4bit and importlib.util.find_spec("bitsandbytes") is None:  # checked where 4 bit is used
+        from cory.config import ConfigError
+
+        raise ConfigError("model.load_in_4bit=true needs bitsandbytes: pip install -r requirements-gpu.txt")
     tokenizer = from_pretrained_or_fail(
         AutoTokenizer.from_pretrained,
         name_or_path,
@@ -131,6 +163,19 @@ def load_pretrained(
         key="model.name_or_path",
         trust_remote_code=trust_remote_code,
     )
+    quantization = {}
+    if load_in_4bit:
+        from transformers import BitsAndBytesConfig
+
+        quantization = dict(
+            quantization_config=BitsAndBytesConfig(
+                load_in_4bit=True,
+                bnb_4bit_quant_type="nf4",
+                bnb_4bit_compute_dtype=getattr(torch, compute_dtype),
+                bnb_4bit_use_double_quant=False,
+            ),
+            device_map={"": torch.cuda.current_device()},
+        )
     model = from_pretrained_or_fail(
         AutoModelForCausalLM.from_pretrained,
         name_or_path,
@@ -138,8 +183,11 @@ def load_pretrained(
         key="model.name_or_path",
         trust_remote_code=trust_remote_code,
         dtype=getattr(torch, dtype),
+        **quantization,
     )
-    _set_pad_token(tokenizer, model)
+    if tokenizer.pad_token is None:  # GPT-2 and Llama have none; TRL pads with EOS (docs/method.md §2.9)
+        tokenizer.pad_token = tokenizer.eos_token
+    _neutral_generation_config(model, tokenizer)
     return model, tokenizer
 
 
@@ -150,9 +198,8 @@ def load_smollm2_135m(cache_dir: str) -> tuple[PreTrainedModel, PreTrainedTokeni
     return load_pretrained(str(smollm2_135m_dir(Path(os.path.expanduser(cache_dir)))))
 
 
-def _set_pad_token(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) -> None:
-    # GPT-2 and Llama have no pad token; TRL pads with EOS (docs/method.md §2.9). Masks make the choice harmless.
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    if model.generation_config is not None and model.generation_config.pad_token_id is None:
-        model.generation_config.pad_token_id = tokenizer.pad_token_id
+def _neutral_generation_config(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+    """Keep only the special-token ids of the model's `generation_config`: no shipped sampling default applies."""
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )

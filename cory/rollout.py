@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from cory import ppo_core
 
@@ -63,34 +63,71 @@ def truncate_after_eos(response_ids: torch.Tensor, eos_token_id: int) -> torch.T
     return (eos_before == 0).long()
 
 
+# Every sampling setting `generate` reads, at the library's neutral value; a task's `generation_kwargs` override
+# them. Spelling them all out means nothing comes from a checkpoint's `generation_config.json`.
+NEUTRAL_GENERATION = {
+    "do_sample": False,
+    "num_beams": 1,
+    "temperature": 1.0,
+    "top_k": 0,
+    "top_p": 1.0,
+    "min_p": None,
+    "typical_p": 1.0,
+    "epsilon_cutoff": 0.0,
+    "eta_cutoff": 0.0,
+    "repetition_penalty": 1.0,
+    "no_repeat_ngram_size": 0,
+    "bad_words_ids": None,
+    "suppress_tokens": None,
+}
+
+
+def generation_config(max_new_tokens: int, generation_kwargs: dict, tokenizer: PreTrainedTokenizerBase):
+    """The explicit `GenerationConfig` of every `generate` call: neutral settings, then the task's, then length
+    and special tokens (no `min_length`: a response may be just EOS, docs/method.md §2.9). Keys of
+    `generation_kwargs` that are not `GenerationConfig` fields (a `logits_processor`) are left to `generate`."""
+    from transformers import GenerationConfig
+
+    fields = GenerationConfig().to_dict()
+    settings = NEUTRAL_GENERATION | {k: v for k, v in generation_kwargs.items() if k in fields}
+    return GenerationConfig(
+        **settings,
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=0,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
+
+
 @torch.no_grad()
 def generate(
-    model: PreTrainedModel,
+    model: torch.nn.Module,
     tokenizer: PreTrainedTokenizerBase,
     prompts: list[str],
     max_new_tokens: int,
     generation_kwargs: dict,
     device: torch.device,
     batch_size: int,
+    add_special_tokens: bool = False,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Sample responses for `prompts` in batches of `batch_size` with left padding.
 
+    `model` is anything with Hugging Face's `generate` (a `cory.policy.PolicyWithValueHead` activates its adapter
+    first). `add_special_tokens` is the model's choice (`model.add_special_tokens`: Llama's BOS).
     Returns per-sample 1-D prompt ids and response ids (truncated after the first EOS, EOS kept).
     """
-    prompt_ids = [torch.tensor(tokenizer(p, add_special_tokens=False)["input_ids"], dtype=torch.long) for p in prompts]
+    config = generation_config(max_new_tokens, generation_kwargs, tokenizer)
+    extra = {k: v for k, v in generation_kwargs.items() if k not in config.to_dict()}
+    encoded = tokenizer(list(prompts), add_special_tokens=add_special_tokens)["input_ids"]
+    prompt_ids = [torch.tensor(ids, dtype=torch.long) for ids in encoded]
     responses: list[torch.Tensor] = []
     for start in range(0, len(prompts), batch_size):
         chunk = prompt_ids[start : start + batch_size]
         ids, mask = pad(chunk, tokenizer.pad_token_id, left=True)
-        out = model.generate(
-            input_ids=ids.to(device),
-            attention_mask=mask.to(device),
-            max_new_tokens=max_new_tokens,
-            min_new_tokens=0,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            **generation_kwargs,
-        ).cpu()[:, ids.shape[1] :]
+        ids, mask = ids.to(device), mask.to(device)
+        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config, **extra)
+        out = out.cpu()[:, ids.shape[1] :]
         keep = truncate_after_eos(out, tokenizer.eos_token_id)
         responses += [row[: int(k.sum())] for row, k in zip(out, keep)]
     return prompt_ids, responses

@@ -8,7 +8,6 @@ run there with its own config, changed only where the resume command says so and
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import os
@@ -16,6 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -34,25 +34,47 @@ from cory.trainer import NonFiniteError, RunSettings, Trainer
 # Errors whose message is written for the user: printed as one `error:` line, exit code 2.
 USER_ERRORS = (ConfigError, AssetUnavailableError, CheckpointError, NonFiniteError)
 
+if TYPE_CHECKING:
+    from cory.policy import Backbone
 
-def build_agent(name: str, *, model, ref_model, tokenizer, cfg: DictConfig, device, seed: int, first: list):
-    """A fresh agent: the initial model itself for the first one, a deep copy for the others, so CORY's two
-    agents start from identical weights (value heads included: same `value_head_seed`)."""
+
+def load_model(model_cfg: DictConfig):
+    """(model, tokenizer) from the `model` config's loader: its `_target_` with every key but `HANDLE_KEYS`."""
+    from cory.policy import HANDLE_KEYS
+
+    node = OmegaConf.to_container(model_cfg, resolve=True)  # resolved first: `${cache_dir}` lives at the top
+    return _instantiate({k: v for k, v in node.items() if k not in HANDLE_KEYS})
+
+
+def build_backbone(model_cfg: DictConfig, device) -> Backbone:
+    """The `model` config: the loaded model and how agents attach to it (`lora`, `add_special_tokens`; absent
+    keys mean full fine-tuning and no special tokens)."""
+    from cory.policy import Backbone, LoraSettings
+
+    model, tokenizer = load_model(model_cfg)
+    block = model_cfg.get("lora")
+    lora = LoraSettings.from_block(OmegaConf.to_container(block, resolve=True) if block is not None else {})
+    return Backbone(model, tokenizer, lora, bool(model_cfg.get("add_special_tokens", False)), device)
+
+
+def build_agent(name: str, *, backbone: Backbone, reference, cfg: DictConfig, device, seed: int):
+    """A fresh agent on `backbone`: its own full copy or LoRA adapter, value head, optimiser and KL controller.
+    Initial weights are drawn from `cfg.seed` alone (the same on every rank), so CORY's two agents start
+    identical; each agent's minibatch permutations come from its own stream `seed + index`."""
     from cory.agent import Agent, PPOConfig
 
-    weights = model if not first else copy.deepcopy(model)
-    first.append(name)
+    index = len(backbone.handles)
     return Agent(
         name,
-        weights,
-        ref_model,
-        tokenizer,
+        backbone.policy(name, init_seed=cfg.seed),
+        reference,
+        backbone.tokenizer,
         PPOConfig(**OmegaConf.to_container(cfg.algorithm.agent)),
-        seed=seed + len(first) - 1,
-        value_head_seed=cfg.seed,
-        device=device,  # same value head on every rank
+        seed=seed + index,
+        device=device,
         autocast_dtype=runtime.autocast_dtype(cfg.hardware.precision),
         forward_batch_size=cfg.hardware.forward_batch_size,
+        add_special_tokens=backbone.add_special_tokens,
     )
 
 
@@ -96,15 +118,10 @@ def _train(cfg: DictConfig, run_dir: Path, resuming: bool, record_start: Callabl
     seed = runtime.seed_everything(cfg.seed, cfg.hardware.get("deterministic", False))
     device = distributed.init_from_env(runtime.resolve_device(cfg.hardware.device))  # accelerate/torchrun
 
-    from cory.models import make_reference
-
-    model, tokenizer = _instantiate(cfg.model)
-    model.to(device)
-    ref_model = make_reference(model)
-    task = _instantiate(cfg.task, tokenizer=tokenizer, _convert_="all")
-    make_agent = partial(
-        build_agent, model=model, ref_model=ref_model, tokenizer=tokenizer, cfg=cfg, device=device, seed=seed, first=[]
-    )
+    backbone = build_backbone(cfg.model, device)  # the weights are loaded once
+    reference = backbone.reference()  # π0: a frozen copy, or the LoRA base with adapters disabled
+    task = _instantiate(cfg.task, tokenizer=backbone.tokenizer, _convert_="all")
+    make_agent = partial(build_agent, backbone=backbone, reference=reference, cfg=cfg, device=device, seed=seed)
     algo_cfg = OmegaConf.masked_copy(cfg.algorithm, [k for k in cfg.algorithm if k != "agent"])
     algorithm = _instantiate(algo_cfg, _convert_="all")(
         task=task, make_agent=make_agent, generation_batch_size=cfg.hardware.generation_batch_size

@@ -58,6 +58,7 @@ class RunSettings:
     seed: int
     eval_every: int = 0  # 0: evaluate only before training and at the end
     num_eval: int | None = None  # held-out prompts per evaluation (None: all the task provides)
+    num_eval_final: int | None = None  # held-out prompts before training and at the end (None: all)
     eval_batch_size: int = 64
     save_every: int = 0  # checkpoint cadence, plus the last iteration; 0: none (SIGTERM/SIGINT always save)
     save_final: bool = False  # with save_every=0: still checkpoint the last iteration (so it can be extended)
@@ -83,8 +84,11 @@ class Trainer:
             raise ConfigError(
                 f"batch_size={settings.batch_size}: the task has only {len(self.train_queries)} training queries"
             )
-        self.eval_queries = task.eval_queries()[: settings.num_eval]
-        self.eval_lengths = eval_lengths(len(self.eval_queries), task.max_new_tokens, settings.seed)
+        # the periodic evaluations use a prefix of the first and final ones' queries, with the same length draws
+        self.final_eval_queries = task.eval_queries()[: settings.num_eval_final]
+        self.final_eval_lengths = eval_lengths(len(self.final_eval_queries), task.max_new_tokens, settings.seed)
+        self.eval_queries = self.final_eval_queries[: settings.num_eval]
+        self.eval_lengths = self.final_eval_lengths[: len(self.eval_queries)]
         self._check_context()
         self.iteration = 0  # number of completed iterations
         self.pending_eval = True  # an evaluation owed at `iteration` (a fresh run owes the one before training)
@@ -181,8 +185,8 @@ class Trainer:
         return bad
 
     def _run_pending_eval(self) -> None:
-        if self.pending_eval:
-            metrics = self.evaluate()
+        if self.pending_eval:  # the first and the last evaluation are the full ones (`num_eval_final`)
+            metrics = self.evaluate(final=self.iteration in (0, self.s.iterations))
             if metrics is not None:  # None: a signal interrupted it; it stays pending
                 self._log(metrics, step=self.iteration)
                 self.pending_eval = False
@@ -202,18 +206,22 @@ class Trainer:
             return "No checkpoint was written before this point (a resume starts over)."
         return f"The last good checkpoint, {latest}, is intact."
 
-    def evaluate(self) -> dict[str, float] | None:
-        """Held-out metrics of every agent; None when a signal arrived meanwhile (the rest is skipped)."""
+    def evaluate(self, final: bool = False) -> dict[str, float] | None:
+        """Held-out metrics of every agent: the first `num_eval_final` queries before training and at the end
+        (`final`), the first `num_eval` in between; None when a signal arrived meanwhile (the rest is skipped)."""
         metrics: dict[str, float] = {}
         if not distributed.is_main():  # rank 0 evaluates and logs; the others go on to the next iteration
             return metrics
+        queries, lengths = (
+            (self.final_eval_queries, self.final_eval_lengths) if final else (self.eval_queries, self.eval_lengths)
+        )
         tables = []
         for agent_id, agent in self.algorithm.agents.items():
             if self.stop_requested:
                 return None
             with self._nonfinite_guard(f"the evaluation at iteration {self.iteration}"):
                 m, samples = evaluate(
-                    agent, self.task, self.eval_queries, self.eval_lengths, self.s.eval_batch_size, seed=self.s.seed
+                    agent, self.task, queries, lengths, self.s.eval_batch_size, seed=self.s.seed
                 )  # common random numbers: before/after differ by the policy only
             metrics |= {f"eval/{agent_id}/{k}": v for k, v in m.items()}
             tables.append((f"eval/{agent_id}/samples", samples))
@@ -327,17 +335,18 @@ class Trainer:
         agent = next(iter(self.algorithm.agents.values()))
         config = agent.policy.pretrained_model.config.get_text_config()
         limit = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
-        queries = self.train_queries + self.eval_queries
+        queries = self.train_queries + self.final_eval_queries
         if not limit or not queries:
             return
         hi = self.task.max_new_tokens[1]
-        ids = agent.tokenizer([self.task.pioneer_prompt(q) for q in queries], add_special_tokens=False)["input_ids"]
+        special = getattr(agent, "add_special_tokens", False)  # Llama's BOS counts too
+        ids = agent.tokenizer([self.task.pioneer_prompt(q) for q in queries], add_special_tokens=special)["input_ids"]
         lengths = [len(x) for x in ids]
         longest, what = max(lengths) + hi, "the longest prompt"
         if getattr(self.algorithm, "knowledge_transfer", False):
             query = queries[int(np.argmax(lengths))]
             template = self.task.observer_prompt(query, "")
-            observer = len(agent.tokenizer(template, add_special_tokens=False)["input_ids"]) + 2 * hi
+            observer = len(agent.tokenizer(template, add_special_tokens=special)["input_ids"]) + 2 * hi
             longest, what = max(longest, observer), "the longest observer prompt (with the pioneer's response)"
         if longest > limit:
             raise ConfigError(

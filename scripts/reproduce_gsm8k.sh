@@ -12,4 +12,4 @@ $PY -m cory.train -m experiment=gsm8k_llama2 sweep=gsm8k_curves logger="$LOGGER"
 # Fig. 2c: the KL-vs-reward frontier at fixed η ∈ {1e-5, 1e-4, 1e-3, 1e-2}
 $PY -m cory.train -m experiment=gsm8k_llama2 sweep=gsm8k_kl_frontier logger="$LOGGER" "$@"
 # Figs. 7–10: robustness, Llama-2-7b/13b-chat × learning rate 1e-4/1e-5
-$PY -m cory.train -m experiment=gsm8k_llama2 sweep=gsm8k_robustness logger="$LOGGER" "$@"
+$PY -m cory.train -m sweep=gsm8k_robustness logger="$LOGGER" "$@"

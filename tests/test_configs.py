@@ -23,11 +23,22 @@ from omegaconf import DictConfig, OmegaConf
 
 from cory.agent import PPOConfig
 from cory.config import ConfigError, validate
+from cory.policy import HANDLE_KEYS, LoraSettings
 
 REPO = Path(__file__).resolve().parents[1]
 GROUPS = {
-    "model": ["tiny_gpt2", "smollm2_135m", "gpt2", "gpt2_medium", "gpt2_large", "gpt2_xl", "llama2_7b_chat"],
-    "task": ["imdb", "toy"],
+    "model": [
+        "tiny_gpt2",
+        "tiny_llama",
+        "smollm2_135m",
+        "gpt2",
+        "gpt2_medium",
+        "gpt2_large",
+        "gpt2_xl",
+        "llama2_7b_chat",
+        "llama2_13b_chat",
+    ],
+    "task": ["imdb", "toy", "gsm8k", "arithmetic"],
     "algorithm": ["ppo", "cory"],
     "hardware": ["cpu", "gpu", "multi_gpu"],
     "logger": ["jsonl", "wandb"],
@@ -37,6 +48,11 @@ REWARDS = sorted(p.stem for p in (Path(CONF_DIR) / "task" / "reward").glob("*.ya
 SWEEPS = sorted(p.stem for p in (Path(CONF_DIR) / "sweep").glob("*.yaml"))
 GPU_HARDWARE = {"gpu", "multi_gpu"}
 CUDA_MESSAGE = "hardware.device=cuda but CUDA is not available; use hardware=cpu"
+FOUR_BIT_MESSAGE = "model.load_in_4bit=true needs CUDA"  # the Llama-2 configs are 4-bit (docs/method.md §3.3)
+# Learner values PPO and CORY may set differently, per task, each from a `conf/tuning/<algorithm>_<task>.yaml`
+# file (paper Table 2: GSM8K's learning rate is 1e-5 for PPO, 1e-4 for CORY). Everything else is shared.
+LEARNER_DIFFERENCES = {"gsm8k": {"learning_rate"}}
+TUNINGS = sorted(p.stem for p in (Path(CONF_DIR) / "tuning").glob("*.yaml"))
 OPTIONS = [(g, o) for g, opts in GROUPS.items() for o in opts]
 
 
@@ -58,7 +74,9 @@ def _bind(node: DictConfig, **runtime) -> inspect.BoundArguments:
 
 
 def _check_targets(cfg: DictConfig) -> None:
-    _bind(cfg.model)
+    model = _kwargs(cfg.model)
+    inspect.signature(get_object(cfg.model._target_)).bind(**{k: model[k] for k in model if k not in HANDLE_KEYS})
+    LoraSettings.from_block(model["lora"])  # the keys that say how agents attach to the loaded model
     task = cfg.task
     if "reward" in task:  # a nested `_target_` built by instantiate before the task
         _bind(task.reward)
@@ -79,10 +97,10 @@ def _check_targets(cfg: DictConfig) -> None:
 
 
 def _expect_valid(cfg: DictConfig, gpu: bool) -> None:
-    if gpu and not torch.cuda.is_available():
+    if (gpu or cfg.model.get("load_in_4bit")) and not torch.cuda.is_available():
         with pytest.raises(ConfigError) as err:
             validate(cfg)
-        assert str(err.value) == CUDA_MESSAGE
+        assert str(err.value) == CUDA_MESSAGE or str(err.value).startswith(FOUR_BIT_MESSAGE)
     else:
         validate(cfg)
 
@@ -119,7 +137,7 @@ def test_every_experiment_with_each_algorithm_runs_or_is_refused_in_one_line(exp
     try:
         validate(cfg)
     except ConfigError as err:
-        if str(err) == CUDA_MESSAGE:
+        if str(err) == CUDA_MESSAGE or str(err).startswith(FOUR_BIT_MESSAGE):
             return
         assert str(err).startswith("algorithm.") and "unknown key" in str(err), err
         return
@@ -130,11 +148,6 @@ def test_every_experiment_with_each_algorithm_runs_or_is_refused_in_one_line(exp
 def test_every_sweep_composes(sweep):
     cfg = compose_cfg([f"sweep={sweep}"])
     _check_targets(cfg)
-
-
-# Learner keys that may differ between PPO and CORY for one task, each with its reason in docs/method.md (Hydra's
-# specialising-config pattern). Empty: on every task here both methods run the very same learner block.
-LEARNER_DIFFERENCES: dict[str, set[str]] = {}
 
 
 @pytest.mark.parametrize("experiment", [None, *EXPERIMENTS])
@@ -250,6 +263,33 @@ def test_paper_experiments_override_from_the_command_line():
     assert cfg.model.name_or_path == "gpt2" and cfg.seed == 2
     assert cfg.task.reward.name_or_path == "/tmp/clf"
     assert cfg.algorithm._target_ == "cory.algorithms.cory.CORY"
+
+
+@pytest.mark.parametrize("task", GROUPS["task"])
+def test_ppo_and_cory_share_the_learner_block_but_for_listed_differences(task):
+    ppo, cory = (compose_cfg(["~experiment", f"task={task}", f"algorithm={a}"]) for a in ("ppo", "cory"))
+    assert {f.name for f in dataclasses.fields(PPOConfig)} == set(ppo.algorithm.agent)
+    differ = {k for k in ppo.algorithm.agent if ppo.algorithm.agent[k] != cory.algorithm.agent[k]}
+    assert differ == LEARNER_DIFFERENCES.get(task, set())
+
+
+@pytest.mark.parametrize("tuning", TUNINGS)
+def test_tuning_files_set_only_listed_learner_values(tuning):
+    """`tuning/<algorithm>_<task>.yaml` is picked for that pair only and touches only the listed keys."""
+    algorithm, task = tuning.split("_", 1)
+    values = OmegaConf.load(Path(CONF_DIR) / "tuning" / f"{tuning}.yaml")
+    assert set(values) == {"algorithm"} and set(values.algorithm) == {"agent"}
+    assert set(values.algorithm.agent) <= LEARNER_DIFFERENCES[task]
+    cfg = compose_cfg(["~experiment", f"task={task}", f"algorithm={algorithm}"])
+    assert all(cfg.algorithm.agent[k] == v for k, v in values.algorithm.agent.items())
+
+
+def test_an_experiment_value_wins_over_the_tuning_file():
+    """A robustness cell sets one learning rate for both algorithms: experiments come after `tuning`."""
+    cell = "experiment=gsm8k_llama2_7b_lr1e-4"
+    ppo, cory = (compose_cfg([cell, f"algorithm={a}"]).algorithm.agent for a in ("ppo", "cory"))
+    assert ppo == cory
+    assert compose_cfg(["experiment=gsm8k_llama2", "algorithm=ppo"]).algorithm.agent != ppo
 
 
 def test_trust_remote_code_is_off_in_every_model_config():

@@ -15,14 +15,12 @@ import pytest
 import torch
 from conftest import compose_cfg
 from from_config import algorithm_kwargs, task_kwargs
-from hydra.utils import instantiate
 
 from cory.agent import Agent
 from cory.algorithms.cory import CORY
-from cory.models import make_reference
 from cory.ppo_core import RunningMoments
 from cory.tasks.toy import ToyTask
-from cory.train import build_agent, train
+from cory.train import build_agent, build_backbone, train
 
 QUERIES = ["bcd", "fgh k", "lm", "npqr"]
 MAX_NEW = 3
@@ -32,17 +30,10 @@ SMOKE_CORY = ("experiment=smoke", "algorithm=cory")
 def make_cory(overrides: tuple[str, ...] = (), task_cls: type[ToyTask] = ToyTask, **kwargs) -> CORY:
     """A CORY on the smoke model (real agents): the composed config's switches, `kwargs` replaced."""
     cfg = compose_cfg([*SMOKE_CORY, *overrides])
-    model, tokenizer = instantiate(cfg.model)
-    task = task_cls(tokenizer, **task_kwargs("toy", SMOKE_CORY, num_train=8, num_eval=4))
+    backbone = build_backbone(cfg.model, torch.device("cpu"))
+    task = task_cls(backbone.tokenizer, **task_kwargs("toy", SMOKE_CORY, num_train=8, num_eval=4))
     make_agent = partial(
-        build_agent,
-        model=model,
-        ref_model=make_reference(model),
-        tokenizer=tokenizer,
-        cfg=cfg,
-        device=torch.device("cpu"),
-        seed=0,
-        first=[],
+        build_agent, backbone=backbone, reference=backbone.reference(), cfg=cfg, device=torch.device("cpu"), seed=0
     )
     switches = algorithm_kwargs("cory", [*SMOKE_CORY, *overrides], log_samples=len(QUERIES)) | kwargs
     return CORY(task=task, make_agent=make_agent, **switches)

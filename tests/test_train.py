@@ -60,8 +60,9 @@ def check_run_folder(run_dir: Path, algorithm: str, iterations: int) -> None:
     assert (run_dir / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     checkpoints = sorted((run_dir / "checkpoints").glob("iter_*"))
     assert checkpoints and checkpoints[-1].name == f"iter_{iterations:06d}"
-    for a in agents:
-        assert (checkpoints[-1] / "agents" / a / "policy.safetensors").is_file()
+    for a in agents:  # the whole policy, or (LoRA) the adapter and value head
+        saved = {p.name for p in (checkpoints[-1] / "agents" / a).iterdir()}
+        assert "policy.safetensors" in saved or {"adapter_model.safetensors", "value_head.safetensors"} <= saved
 
 
 def smoke(tmp_path: Path, *overrides: str) -> DictConfig:

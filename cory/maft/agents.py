@@ -125,13 +125,15 @@ def add_lora_adapters(
     adapter the active and only trainable one; `disable_adapter()` gives the base model back. `target_modules` None
     takes PEFT's default for the architecture (q_proj, v_proj for Llama; c_attn for GPT-2).
     """
-    from peft import LoraConfig, get_peft_model
+    from peft import get_peft_model
 
+    from cory.policy import LoraSettings  # one PEFT config for every algorithm's adapters (no bias, causal LM)
+
+    modules = None if target_modules is None else tuple(target_modules)
+    settings = LoraSettings(enabled=True, r=r, alpha=alpha, dropout=dropout, target_modules=modules, share_base=True)
     peft_model = None
     for name in names:
-        config = LoraConfig(
-            r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules, task_type="CAUSAL_LM"
-        )
+        config = settings.peft_config()
         with torch.random.fork_rng():
             torch.manual_seed(seed)  # same initial A matrices for every agent (B starts at zero)
             if peft_model is None:

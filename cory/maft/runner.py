@@ -87,7 +87,9 @@ def _build(cfg: DictConfig, store: RunStore):
 
     def make_agents(names: list[str]):
         """Called by MAFT once its own settings are checked: the model loads only then."""
-        model, tokenizer = _instantiate(cfg.model)
+        from cory.train import load_model  # the model group's loader, without the PPO agents' handle keys
+
+        model, tokenizer = load_model(cfg.model)
         built["tokenizer"] = tokenizer
         return _instantiate(cfg.algorithm.agent_models)(
             model,

@@ -44,6 +44,9 @@ class Task(Protocol):
         """Task reward r(q, a) for each pair, scored on the original query plus the response only."""
         ...
 
+    # Optional: `eval_metrics(queries, responses) -> dict[str, float]`, metrics of held-out responses that the task
+    # adds to the evaluation (`cory.evaluation`); reasoning tasks also give `train_problems()`/`eval_problems()`.
+
 
 class SafeScorer:
     """Scores a batch; a sample whose reward raises gets the task's failure reward and is counted.

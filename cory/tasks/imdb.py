@@ -51,6 +51,8 @@ class IMDBTask:
         name: task name for logs.
     """
 
+    SOURCES = ("packaged", "hub")  # values of `task.source`, checked by `cory.config.validate`
+
     def __init__(
         self,
         tokenizer: PreTrainedTokenizerBase,

@@ -1,0 +1,293 @@
+"""pass@k of the base model and of every agent of a run (paper Fig. 5; docs/method.md §1.6, §3.2, §6).
+
+    python -m cory.evaluate outputs/runs/gsm8k/cory/2026-12-02_16-00-00            # latest checkpoint
+    python -m cory.evaluate outputs/runs/gsm8k/cory/.../checkpoints/iter_000100 --n 16 --num-problems 128
+    python -m cory.evaluate RUN model.name_or_path=/data/llama-2-7b-chat task.dataset_name=/data/gsm8k
+    python -m cory.evaluate experiment=gsm8k_cpu --n 4                           # the base model of a config
+
+For each model — `base` (the initial weights: a fresh policy, whose new LoRA adapter adds exactly zero) and each
+agent of the checkpoint (`llm1`; CORY's `llm2`) — and each held-out problem of the run's task, it draws `n`
+responses at the training sampling settings (the prompt repeated n times in one `generate` call) and one greedy
+response, and reports the unbiased pass@k for every k ≤ n of `--ks` (averaged over problems), the greedy
+accuracy and the share of sampled responses with no number. Sampling is seeded per chunk of problems, the same
+for every model (common random numbers).
+
+Given Hydra overrides instead of a run (the first argument holds a `=`), it composes that config as
+`python -m cory.train` would and evaluates its base model only: how hard a task is before any training.
+
+Writes to `--out` (default `<run>/evaluation/<checkpoint>`, or `outputs/evaluation/<overrides>`):
+`results.jsonl` (one row per model and problem, appended as chunks finish: a killed evaluation continues where
+it stopped), `passk.json` (the summary) and `passk.png` (pass@k against k, one line per model). With
+`logger=wandb` in the run's config both are also logged to W&B. Trailing `key=value` arguments override the run's
+resolved config (a local model or dataset path, the device); the run's own config is not changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from cory import runtime
+from cory.answers import extract_answer, pass_at_k
+from cory.config import ConfigError, validate
+
+RESULTS, SUMMARY, PLOT, SETTINGS = "results.jsonl", "passk.json", "passk.png", "settings.json"
+
+
+def resolve_target(path: Path) -> tuple[Path, Path | None]:
+    """(run folder, checkpoint folder or None) for a run folder or one of its checkpoint folders."""
+    from cory.train import RUN_CONFIG
+    from cory.trainer import latest_checkpoint
+
+    path = Path(path)
+    if (path / "trainer.json").exists():  # checkpoints/iter_<k> of a run
+        return path.parents[1], path
+    if (path / RUN_CONFIG).exists():
+        return path, latest_checkpoint(path)
+    raise ConfigError(f"{path}: neither a cory run folder ({RUN_CONFIG}) nor one of its checkpoints (trainer.json)")
+
+
+def load_config(run_dir: Path | None, overrides: list[str]) -> DictConfig:
+    """The run's resolved config with `key=value` overrides (an unknown key is an error, not a silent no-op), or,
+    without a run, the config `python -m cory.train <overrides>` would run."""
+    from cory.train import RUN_CONFIG
+
+    if run_dir is None:
+        from hydra import compose, initialize_config_dir
+        from hydra.errors import HydraException
+
+        conf = str(Path(__file__).resolve().parents[1] / "conf")
+        try:
+            with initialize_config_dir(version_base="1.3", config_dir=conf):
+                return compose("train", overrides=overrides)
+        except (HydraException, OmegaConfBaseException) as err:
+            raise ConfigError(" ".join(str(err).split()).split(" Config search path:")[0]) from None
+    cfg = OmegaConf.load(run_dir / RUN_CONFIG)
+    OmegaConf.set_struct(cfg, True)
+    try:
+        return OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"override {' '.join(overrides)}: {' '.join(str(err).split())}") from None
+
+
+class _Policy:
+    """The one model in memory: a policy handle whose weights are replaced by each agent's in turn."""
+
+    def __init__(self, backbone, seed: int, precision: str) -> None:
+        self.handle = backbone.policy("evaluated", init_seed=seed)
+        self.tokenizer, self.add_special_tokens = backbone.tokenizer, backbone.add_special_tokens
+        self.device, self.dtype = backbone.device, runtime.autocast_dtype(precision)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        return torch.autocast(self.device.type, dtype=self.dtype) if self.dtype else contextlib.nullcontext()
+
+
+def sample_chunk(policy: _Policy, task, questions: list[str], n: int, batch_size: int) -> list[dict]:
+    """n sampled responses and one greedy response per question, scored; one row per question."""
+    from cory.rollout import generate
+
+    def responses(prompts: list[str], generation_kwargs: dict) -> list[str]:
+        with torch.no_grad(), policy.autocast():
+            _, ids = generate(
+                policy.handle,
+                policy.tokenizer,
+                prompts,
+                task.max_new_tokens[1],
+                generation_kwargs,
+                policy.device,
+                batch_size,
+                policy.add_special_tokens,
+            )
+        return policy.tokenizer.batch_decode(ids, skip_special_tokens=True)
+
+    prompts = [task.pioneer_prompt(q) for q in questions]
+    sampled = responses([p for p in prompts for _ in range(n)], task.generation_kwargs)
+    greedy = responses(prompts, task.generation_kwargs | {"do_sample": False, "top_k": None})  # top_k unused
+    rows = []
+    for i, q in enumerate(questions):
+        answers = sampled[i * n : (i + 1) * n]
+        rows.append(
+            {
+                "question": q,
+                "n": n,
+                "correct": int(sum(task.score([q] * n, answers))),
+                "no_answer": sum(extract_answer(a, stop_at_question=task.stop_at_question) is None for a in answers),
+                "greedy_correct": bool(task.score([q], [greedy[i]])[0]),
+                "greedy_response": greedy[i],
+                "sample_response": answers[0],
+            }
+        )
+    return rows
+
+
+def summarize(rows: list[dict], ks: list[int]) -> dict[str, float]:
+    """Mean unbiased pass@k over problems for each k ≤ n, greedy accuracy and the no-number rate."""
+    n = rows[0]["n"]
+    out = {f"pass@{k}": float(np.mean([pass_at_k(n, r["correct"], k) for r in rows])) for k in ks if k <= n}
+    out["greedy_accuracy"] = float(np.mean([r["greedy_correct"] for r in rows]))
+    out["no_answer_rate"] = float(np.mean([r["no_answer"] / n for r in rows]))
+    out["n"], out["num_problems"] = n, len(rows)
+    return out
+
+
+def plot_passk(summary: dict[str, dict], path: Path, title: str) -> None:
+    """pass@k against k (log₂ axis), one line per model (paper Fig. 5)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(5.5, 4))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for model, stats in summary.items():
+        ks = sorted(int(key.split("@")[1]) for key in stats if key.startswith("pass@"))
+        ax.plot(ks, [stats[f"pass@{k}"] for k in ks], marker="o", label=model)
+    ax.set_xscale("log", base=2)
+    ticks = sorted({int(key.split("@")[1]) for stats in summary.values() for key in stats if key.startswith("pass@")})
+    ax.set_xticks(ticks, [str(k) for k in ticks])
+    ax.set(xlabel="k", ylabel="pass@k", title=title, ylim=(0, 1))
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def read_results(path: Path) -> list[dict]:
+    """The complete rows of `results.jsonl`; a line cut by a kill is dropped (and rewritten away)."""
+    if not path.exists():
+        return []
+    rows, good = [], []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rows.append(json.loads(line))
+            good.append(line + "\n")
+        except json.JSONDecodeError:
+            continue
+    path.write_text("".join(good), encoding="utf-8")
+    return rows
+
+
+def evaluate_run(
+    target: Path | None,
+    overrides: list[str],
+    n: int,
+    ks: list[int],
+    num_problems: int | None,
+    batch_size: int | None,
+    seed: int,
+    out: Path | None,
+) -> dict[str, dict]:
+    """Evaluate the base model and every agent of `target`'s checkpoint (the base model of the config composed from
+    `overrides` when `target` is None); returns {model: summary}."""
+    from hydra.utils import instantiate
+
+    from cory.train import build_backbone
+
+    run_dir, checkpoint = resolve_target(target) if target is not None else (None, None)
+    cfg = load_config(run_dir, overrides)
+    validate(cfg)  # an override can make it invalid (4-bit on a CPU): one line, before any model loads
+    if out is None and run_dir is not None:
+        out = run_dir / "evaluation" / (checkpoint.name if checkpoint else "base")
+    elif out is None:
+        out = Path("outputs") / "evaluation" / ("_".join(overrides) or "default")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    agents = json.loads((checkpoint / "trainer.json").read_text())["agents"] if checkpoint else []
+    settings = {"n": n, "seed": seed, "checkpoint": str(checkpoint), "num_problems": num_problems}
+    settings |= {"config": overrides} if run_dir is None else {}
+    if (out / SETTINGS).exists() and json.loads((out / SETTINGS).read_text()) != settings:
+        raise ConfigError(f"{out} holds results of other settings ({out / SETTINGS}); pass another --out")
+    (out / SETTINGS).write_text(json.dumps(settings))
+
+    backbone = build_backbone(cfg.model, runtime.resolve_device(cfg.hardware.device))
+    task = instantiate(cfg.task, tokenizer=backbone.tokenizer, _convert_="all")
+    if not hasattr(task, "eval_problems"):
+        raise ConfigError(f"task {task.name}: pass@k needs a task with numeric answers (task=gsm8k or arithmetic)")
+    questions = [p.question for p in task.eval_problems()[:num_problems]]
+    policy = _Policy(backbone, cfg.seed, cfg.hardware.precision)
+    batch_size = batch_size or cfg.eval_batch_size
+    per_chunk = max(1, batch_size // n)
+    done = {(r["model"], r["index"]) for r in read_results(out / RESULTS)}
+    with (out / RESULTS).open("a", encoding="utf-8") as results:
+        for model in ["base", *agents]:
+            if all((model, i) in done for i in range(len(questions))):
+                continue
+            if model != "base":
+                policy.handle.load_weights(checkpoint / "agents" / model)
+            for start in range(0, len(questions), per_chunk):
+                index = range(start, min(start + per_chunk, len(questions)))
+                if all((model, i) in done for i in index):
+                    continue
+                torch.manual_seed(int(np.random.SeedSequence([seed, start]).generate_state(1)[0]))
+                rows = sample_chunk(policy, task, [questions[i] for i in index], n, batch_size)
+                lines = [json.dumps({"model": model, "index": i} | row) for i, row in zip(index, rows)]
+                results.write("\n".join(lines) + "\n")  # one write per chunk: a kill loses at most this chunk
+                results.flush()
+            print(f"[cory.evaluate] {model}: {len(questions)} problems done", file=sys.stderr, flush=True)
+
+    rows = read_results(out / RESULTS)
+    summary = {
+        model: summarize(sorted((r for r in rows if r["model"] == model), key=lambda r: r["index"]), ks)
+        for model in ["base", *agents]
+    }
+    (out / SUMMARY).write_text(json.dumps(summary, indent=2))
+    plot_passk(summary, out / PLOT, f"{task.name}: n={n}, {len(questions)} problems")
+    if str(cfg.logger.get("_target_", "")).endswith("WandbLogger"):
+        _log_to_wandb(cfg, run_dir or out, out, summary)
+    return summary
+
+
+def _log_to_wandb(cfg: DictConfig, run_dir: Path, out: Path, summary: dict[str, dict]) -> None:
+    """pass@k scalars, the per-model table and the PNG, in a W&B run of its own (the run's project and group)."""
+    from cory.loggers import WandbLogger
+
+    kwargs = {k: v for k, v in OmegaConf.to_container(cfg.logger, resolve=True).items() if not k.startswith("_")}
+    logger = WandbLogger(run_dir=out, config={"run": str(run_dir), **summary}, name=f"passk-{run_dir.name}", **kwargs)
+    logger.log({f"passk/{m}/{k}": v for m, stats in summary.items() for k, v in stats.items()}, step=0)
+    logger.log_table("passk/summary", [{"model": m, **stats} for m, stats in summary.items()], step=0)
+    logger.log_image("passk/plot", out / PLOT, step=0)
+    logger.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    from cory.train import USER_ERRORS
+
+    parser = argparse.ArgumentParser(prog="python -m cory.evaluate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("target", help="a run folder (its latest checkpoint), a checkpoint folder, or an override")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides of the run's resolved config")
+    parser.add_argument("--n", type=int, default=16, help="samples per problem (default 16)")
+    parser.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="k values (each <= n)")
+    parser.add_argument("--num-problems", type=int, default=None, help="first N held-out problems (default all)")
+    parser.add_argument("--batch-size", type=int, default=None, help="prompts per generate (default eval_batch_size)")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
+    parser.add_argument("--out", type=Path, default=None, help="output folder (default <run>/evaluation/<ckpt>)")
+    parser.add_argument("--cfg", choices=["job"], help="print the config it would evaluate with, run nothing")
+    args = parser.parse_args(argv)
+    try:
+        if args.n < 1 or min(args.ks) < 1:
+            raise ConfigError(f"--n={args.n} and --ks={args.ks}: need n >= 1 and every k >= 1")
+        target, overrides = Path(args.target), args.overrides
+        if "=" in args.target:  # no run: the base model of the config these overrides compose
+            target, overrides = None, [args.target, *args.overrides]
+        if args.cfg:
+            run_dir = resolve_target(target)[0] if target is not None else None
+            print(OmegaConf.to_yaml(load_config(run_dir, overrides)))
+            return
+        summary = evaluate_run(
+            target, overrides, args.n, args.ks, args.num_problems, args.batch_size, args.seed, args.out
+        )
+    except USER_ERRORS as err:
+        print("error: " + " ".join(str(err).split()), file=sys.stderr)
+        sys.exit(2)
+    print(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""`python -m cory.evaluate`: pass@k of the base model and every agent of a run (`cory/evaluate.py`).
+
+Covers: the summary's pass@k, greedy accuracy and no-number rate against hand-computed values (n − c < k
+included); a CORY run's checkpoint gives rows for base, llm1 and llm2 plus JSON and PNG; the base model of a LoRA
+run samples exactly what the adapter-free model samples; a killed evaluation resumes to the results of an
+uninterrupted one; wrong targets, other settings in the same folder and non-numeric tasks fail in one line;
+the W&B mirror runs offline. Run: `pytest tests/test_evaluate.py` (about a minute on 2 CPUs).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import compose_cfg
+from hydra.utils import instantiate
+
+import cory.evaluate
+from cory.evaluate import evaluate_run, sample_chunk, summarize
+from cory.train import build_backbone, train
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def cory_run(tmp_path_factory) -> Path:
+    """A finished two-iteration CORY run of the GSM8K path (tiny Llama, LoRA, arithmetic)."""
+    run_dir = tmp_path_factory.mktemp("evaluate") / "run"
+    cfg = compose_cfg(["experiment=gsm8k_smoke", "algorithm=cory", "iterations=2", "progress=false"])
+    train(cfg, run_dir)
+    return run_dir
+
+
+def test_summary_against_hand_computed_values():
+    rows = [  # n = 4 samples per problem
+        {"n": 4, "correct": 0, "no_answer": 4, "greedy_correct": False},
+        {"n": 4, "correct": 1, "no_answer": 1, "greedy_correct": True},
+        {"n": 4, "correct": 3, "no_answer": 0, "greedy_correct": True},  # n − c = 1 < k for k = 2, 4
+    ]
+    s = summarize(rows, [1, 2, 4, 8])
+    assert math.isclose(s["pass@1"], (0 + 1 / 4 + 3 / 4) / 3)
+    # pass@2 = 1 − C(n−c, 2)/C(4, 2): 0, 1 − 3/6, 1
+    assert math.isclose(s["pass@2"], (0 + 0.5 + 1) / 3)
+    assert math.isclose(s["pass@4"], (0 + 1 + 1) / 3)
+    assert "pass@8" not in s  # k > n is not estimable
+    assert math.isclose(s["greedy_accuracy"], 2 / 3) and math.isclose(s["no_answer_rate"], 5 / 12)
+    assert s["n"] == 4 and s["num_problems"] == 3
+
+
+def test_every_agent_and_the_base_model_are_evaluated(cory_run, tmp_path):
+    summary = evaluate_run(cory_run, [], n=4, ks=[1, 2, 4], num_problems=5, batch_size=8, seed=0, out=tmp_path)
+    assert list(summary) == ["base", "llm1", "llm2"]
+    for stats in summary.values():
+        assert stats["num_problems"] == 5 and 0 <= stats["pass@1"] <= stats["pass@2"] <= stats["pass@4"] <= 1
+    rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert sorted((r["model"], r["index"]) for r in rows) == [(m, i) for m in summary for i in range(5)]
+    assert json.loads((tmp_path / "passk.json").read_text()) == summary
+    assert (tmp_path / "passk.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_overrides_instead_of_a_run_evaluate_the_base_model_of_that_config(tmp_path):
+    overrides = ["experiment=gsm8k_smoke", "task.num_eval=4"]
+    summary = evaluate_run(None, overrides, n=2, ks=[1, 2], num_problems=None, batch_size=8, seed=0, out=tmp_path)
+    assert list(summary) == ["base"] and summary["base"]["num_problems"] == 4
+
+
+def test_the_base_model_of_a_lora_run_is_the_adapter_free_model():
+    """A fresh adapter adds exactly zero: the `base` samples equal those of the same model without LoRA."""
+    rows = {}
+    for lora in ("true", "false"):
+        cfg = compose_cfg(["experiment=gsm8k_smoke", f"model.lora.enabled={lora}"])
+        backbone = build_backbone(cfg.model, torch.device("cpu"))
+        task = instantiate(cfg.task, tokenizer=backbone.tokenizer, _convert_="all")
+        policy = cory.evaluate._Policy(backbone, cfg.seed, "fp32")
+        torch.manual_seed(0)
+        rows[lora] = sample_chunk(policy, task, task.eval_queries()[:3], 4, 16)
+    assert rows["true"] == rows["false"] and any(r["sample_response"] for r in rows["true"])
+
+
+def test_a_killed_evaluation_continues_where_it_stopped(cory_run, tmp_path, monkeypatch):
+    args = dict(n=2, ks=[1, 2], num_problems=6, batch_size=4, seed=0)  # 2 problems per chunk
+    want = evaluate_run(cory_run, [], out=tmp_path / "whole", **args)
+    real, calls = cory.evaluate.sample_chunk, []
+
+    def dies_on_the_fourth_chunk(*a, **k):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(cory.evaluate, "sample_chunk", dies_on_the_fourth_chunk)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate_run(cory_run, [], out=tmp_path / "cut", **args)
+    with (tmp_path / "cut" / "results.jsonl").open("a") as f:
+        f.write('{"model": "llm1", "ind')  # a line cut by the kill
+    monkeypatch.setattr(cory.evaluate, "sample_chunk", real)
+    calls.clear()
+    got = evaluate_run(cory_run, [], out=tmp_path / "cut", **args)
+    assert got == want
+
+    def lines(folder: str) -> list[str]:
+        return sorted((tmp_path / folder / "results.jsonl").read_text().splitlines())
+
+    assert lines("cut") == lines("whole")  # the same samples, not only the same averages
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "cory.evaluate", *args]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_errors_are_one_line(cory_run, tmp_path):
+    out = _run(str(tmp_path / "nowhere"))
+    assert out.returncode == 2 and out.stderr.startswith("error:") and out.stderr.count("\n") == 1, out.stderr
+    assert "neither a cory run folder" in out.stderr
+    out = _run(str(cory_run), "model.no_such_key=1")
+    assert out.returncode == 2 and "model.no_such_key" in out.stderr and "Traceback" not in out.stderr
+    (tmp_path / "settings.json").write_text(json.dumps({"n": 99}))
+    out = _run(str(cory_run), "--n", "2", "--out", str(tmp_path))
+    assert out.returncode == 2 and "other settings" in out.stderr
+
+
+def test_cfg_job_prints_the_config_and_runs_nothing(cory_run):
+    for target in (str(cory_run), "experiment=gsm8k_smoke"):
+        out = _run(target, "--cfg", "job")
+        assert out.returncode == 0 and "_target_: cory.models.build_tiny_llama" in out.stdout, out.stderr
+        assert "problems done" not in out.stderr
+
+
+def test_a_task_without_numeric_answers_is_refused(tmp_path):
+    run_dir = tmp_path / "run"
+    train(compose_cfg(["experiment=smoke", "iterations=1", "progress=false"]), run_dir)
+    out = _run(str(run_dir), "--n", "2")
+    assert out.returncode == 2 and "pass@k needs a task with numeric answers" in out.stderr
+
+
+def test_the_wandb_mirror_runs_offline(tmp_path, monkeypatch):
+    run_dir = tmp_path / "run"
+    cfg = compose_cfg(["experiment=gsm8k_smoke", "iterations=1", "logger=wandb", "progress=false"])
+    train(cfg, run_dir)  # W&B disabled while training (conftest)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    evaluate_run(run_dir, [], n=2, ks=[1, 2], num_problems=2, batch_size=4, seed=0, out=tmp_path / "eval")
+    assert list((tmp_path / "eval" / "wandb").glob("offline-run-*"))
+    logged = json.loads((tmp_path / "eval" / "metrics.jsonl").read_text().splitlines()[0])
+    assert {"passk/base/pass@1", "passk/llm1/pass@2", "passk/llm1/greedy_accuracy"} <= set(logged)
