@@ -44,7 +44,7 @@ RESULTS, SUMMARY, PLOT, SETTINGS = "results.jsonl", "passk.json", "passk.png", "
 
 def resolve_target(path: Path) -> tuple[Path, Path | None]:
     """(run folder, checkpoint folder or None) for a run folder or one of its checkpoint folders."""
-    from cory.train import RUN_CONFIG
+    from cory.runs import RUN_CONFIG
     from cory.trainer import latest_checkpoint
 
     path = Path(path)
@@ -58,7 +58,7 @@ def resolve_target(path: Path) -> tuple[Path, Path | None]:
 def load_config(run_dir: Path | None, overrides: list[str]) -> DictConfig:
     """The run's resolved config with `key=value` overrides (an unknown key is an error, not a silent no-op), or,
     without a run, the config `python -m cory.train <overrides>` would run."""
-    from cory.train import RUN_CONFIG
+    from cory.runs import RUN_CONFIG
 
     if run_dir is None:
         from hydra import compose, initialize_config_dir

@@ -396,6 +396,7 @@ def test_paper_presets_score_in_fp32_on_the_tiny_model(precision: str):
     them (the paper and the official code train GPT-2 in fp32, docs/method.md §5)."""
     from conftest import compose_cfg
 
+    from cory.policy import Backbone
     from cory.train import build_agent
 
     overrides = ["experiment=imdb_gpt2", "model=tiny_gpt2", "hardware.device=cpu"]
@@ -404,9 +405,8 @@ def test_paper_presets_score_in_fp32_on_the_tiny_model(precision: str):
     sharpen(model, 0)
     ref = make_reference(model)
     sharpen(model, 1)  # the policy has moved away from π0, so the KL is not 0
-    agent = build_agent(
-        "llm1", model=model, ref_model=ref, tokenizer=tokenizer, cfg=cfg, device="cpu", seed=0, first=[]
-    )
+    backbone = Backbone(model, tokenizer, lora=None, add_special_tokens=False, device="cpu")
+    agent = build_agent("llm1", backbone=backbone, reference=ref, cfg=cfg, device="cpu", seed=0)
     prompts, responses = token_lists(tokenizer.eos_token_id)
     rollout = agent.score_tokens(prompts, responses)
     worst = 0.0

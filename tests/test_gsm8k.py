@@ -11,7 +11,6 @@ Run: `pytest tests/test_gsm8k.py` (about a minute on 2 CPUs).
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
 from pathlib import Path
@@ -179,11 +178,13 @@ def _readme_commands(prefix: str) -> list[str]:
 
 @pytest.mark.parametrize("command", _readme_commands("python -m cory.train -m "))
 def test_the_readme_gsm8k_sweeps_compose(command):
-    """Each run of each GSM8K sweep the README prints composes and validates (up to the missing GPU)."""
-    values = [arg.split("=", 1) for arg in command.removeprefix("python -m cory.train -m ").split()]
-    runs = list(itertools.product(*[[f"{k}={v}" for v in vs.split(",")] for k, vs in values]))
-    assert len(runs) >= 6
-    for run in runs:
+    """Each run of each GSM8K sweep the README prints (its sweep file's jobs, `tests/test_commands.py`'s expansion)
+    composes and validates up to the missing GPU."""
+    from test_commands import _jobs
+
+    jobs, seeds = _jobs(command.removeprefix("python -m cory.train -m ").split())
+    assert len(jobs) * seeds >= 6
+    for run in jobs:
         try:
             validate(compose_cfg(list(run)))
         except Exception as err:  # noqa: BLE001 - only the missing GPU may stop it here
