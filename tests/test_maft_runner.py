@@ -134,3 +134,22 @@ def test_embedding_dissimilarity_with_the_packaged_minilm():
         0.0, abs=1e-5
     )
     assert embedding_metrics([different], encoder, "eval")["maft/eval/embedding_dissimilarity_round1"] > 0.5
+
+
+def test_the_entrypoint_runs_maft_on_the_arithmetic_task(tmp_path, monkeypatch, capsys):
+    """`python -m cory.train experiment=maft_smoke` (README): the entry point dispatches to MAFT's runner by the
+    algorithm config (`algorithm.runner`), on the real `task=arithmetic`, with run-folder ownership and the start
+    recorded as for PPO and CORY; a resume of the finished run computes nothing again."""
+    from runners import run_main
+
+    run_dir = tmp_path / "run"
+    code, err = run_main(monkeypatch, capsys, "experiment=maft_smoke", f"hydra.run.dir={run_dir}", "progress=false")
+    assert code == 0, err[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["algorithm"] == "maft" and summary["eval_problems"] == 4 and len(summary["rounds"]) == 2
+    assert (run_dir / "starts.jsonl").is_file() and (run_dir / "rounds" / "1").is_dir()
+    logged = rows(run_dir)
+    assert [row["iteration"] for row in logged] == [0, 1]
+    code, err = run_main(monkeypatch, capsys, f"resume={run_dir}")
+    assert code == 0, err[-3000:]
+    assert rows(run_dir) == logged  # nothing logged twice
