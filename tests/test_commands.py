@@ -80,7 +80,9 @@ SUBSTITUTED = "/substituted/by/the/shell"
 
 def _tokens(line: str) -> list[str]:
     tokens = shlex.split(SUBSTITUTION.sub(SUBSTITUTED, line), comments=True)
-    tokens = [t for t in tokens if t not in ("$@", "$*")]  # a script's pass-through arguments: none here
+    # a script's shell variables (its pass-through arguments "$@", an array "${MODEL[@]}", a loop variable in
+    # `algorithm="$algorithm"`) have no value here: those arguments are left out, the rest is checked
+    tokens = [t for t in tokens if "$" not in t]
     while tokens and re.fullmatch(r"\w+=\S*", tokens[0]):  # leading `VAR=value` assignments
         tokens.pop(0)
     return tokens

@@ -315,9 +315,9 @@ def test_sigterm_checkpoints_before_the_evaluation_it_was_due(tmp_path, tmp_path
             os.kill(os.getpid(), signal.SIGTERM)
         return out
 
-    def evaluate(self):
+    def evaluate(self, final=False):
         evaluations.append(self.iteration)
-        return real_evaluate(self)
+        return real_evaluate(self, final)
 
     monkeypatch.setattr(PPO, "step", step)
     monkeypatch.setattr(Trainer, "evaluate", evaluate)
@@ -338,9 +338,9 @@ def test_sigterm_checkpoints_before_the_evaluation_it_was_due(tmp_path, tmp_path
 def test_a_signal_before_any_checkpoint_does_not_claim_one(tmp_path, monkeypatch, capsys):
     real_evaluate = Trainer.evaluate
 
-    def evaluate(self):  # Ctrl-C during the evaluation before training
+    def evaluate(self, final=False):  # Ctrl-C during the evaluation before training
         os.kill(os.getpid(), signal.SIGINT)
-        return real_evaluate(self)
+        return real_evaluate(self, final)
 
     monkeypatch.setattr(Trainer, "evaluate", evaluate)
     run_dir = tmp_path / "run"
