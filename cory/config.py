@@ -61,6 +61,12 @@ def validate(cfg: DictConfig) -> None:
     """Raise `ConfigError` on the first invalid value or combination."""
     _check_finite(_resolved(cfg))
     _check_run(cfg)
+    from cory.policy import HANDLE_KEYS  # the model keys read by `Backbone`, not by the loader
+
+    # the algorithm's keys first: an experiment written for another algorithm (MAFT's keys under algorithm=ppo)
+    # is named as such, not reported through a value check its keys were never meant for
+    skips = {"algorithm": LEARNER_KEYS if has_learner(cfg) else RUNNER_KEYS, "model": HANDLE_KEYS}
+    _check_target(cfg.algorithm, "algorithm", skip=skips["algorithm"])
     if has_learner(cfg):
         _check_agent(cfg)
     _check_task_and_hardware(cfg)
@@ -68,10 +74,7 @@ def validate(cfg: DictConfig) -> None:
     if cfg.logger.get("_target_", "").endswith("WandbLogger"):
         _check(importlib.util.find_spec("wandb") is not None, "logger=wandb but wandb is not installed")
     # a typo'd key, a wrong `_target_` or a value of the wrong type would otherwise fail after the model loads
-    from cory.policy import HANDLE_KEYS  # the model keys read by `Backbone`, not by the loader
-
-    skips = {"algorithm": LEARNER_KEYS if has_learner(cfg) else RUNNER_KEYS, "model": HANDLE_KEYS}
-    for group in ("model", "task", "algorithm", "logger"):
+    for group in ("model", "task", "logger"):
         _check_target(cfg[group], group, skip=skips.get(group, ()))
     _check_local_inputs(cfg)
 

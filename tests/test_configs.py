@@ -22,7 +22,7 @@ from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
 from cory.agent import PPOConfig
-from cory.config import ConfigError, validate
+from cory.config import RUNNER_KEYS, ConfigError, validate
 from cory.policy import HANDLE_KEYS, LoraSettings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,10 +67,10 @@ def _kwargs(node: DictConfig) -> dict:
     return {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if not k.startswith("_")}
 
 
-def _bind(node: DictConfig, **runtime) -> inspect.BoundArguments:
+def _bind(node: DictConfig, *args, **runtime) -> inspect.BoundArguments:
     """Resolve `node._target_` and bind its keys plus the run-time arguments `train.py` passes."""
     target = get_object(node._target_)
-    return inspect.signature(target).bind(**_kwargs(node), **runtime)
+    return inspect.signature(target).bind(*args, **_kwargs(node), **runtime)
 
 
 def _check_targets(cfg: DictConfig) -> None:
@@ -84,10 +84,17 @@ def _check_targets(cfg: DictConfig) -> None:
         _bind(task, tokenizer=None, reward=None)
     else:
         _bind(task, tokenizer=None)
-    algo = OmegaConf.masked_copy(cfg.algorithm, [k for k in cfg.algorithm if k != "agent"])
     assert cfg.algorithm._partial_ is True
-    _bind(algo, task=None, make_agent=None, generation_batch_size=cfg.hardware.generation_batch_size)
-    PPOConfig(**OmegaConf.to_container(cfg.algorithm.agent))  # the learner block is exactly PPOConfig's fields
+    if cfg.algorithm.get("runner"):  # MAFT: the runner builds the object and its agents (cory/maft/runner.py)
+        assert callable(get_object(cfg.algorithm.runner))
+        algo = OmegaConf.masked_copy(cfg.algorithm, [k for k in cfg.algorithm if k not in RUNNER_KEYS])
+        _bind(algo, make_agents=None, store=None, seed=0)
+        _bind(cfg.algorithm.agent_models, None, None, [], seed=0, device="cpu", precision="fp32",
+              generation_batch_size=cfg.hardware.generation_batch_size)
+    else:
+        algo = OmegaConf.masked_copy(cfg.algorithm, [k for k in cfg.algorithm if k != "agent"])
+        _bind(algo, task=None, make_agent=None, generation_batch_size=cfg.hardware.generation_batch_size)
+        PPOConfig(**OmegaConf.to_container(cfg.algorithm.agent))  # the learner block is exactly PPOConfig's fields
     runtime = {"run_dir": "/tmp/x"}
     if cfg.logger._target_.endswith("WandbLogger"):
         runtime |= {"config": {}, "run_id": None, "name": "n", "tags": []}
