@@ -185,6 +185,20 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, response_mas
     return 1 - masked_var(returns - values, response_mask) / masked_var(returns, response_mask)
 
 
+@torch.no_grad()
+def all_finite(tensors: list[torch.Tensor]) -> bool:
+    """Whether every element of every tensor is finite (no inf, no NaN): each tensor's max |x| is finite.
+
+    One read per tensor and no temporaries, unlike `torch.isfinite(x).all()`, which writes a mask of x's size;
+    the max-norm rather than the 2-norm, because a 2-norm overflows to inf on large finite values (the max
+    propagates NaN, as every torch reduction to a maximum does).
+    """
+    if not tensors:
+        return True
+    max_abs = torch.stack([torch.linalg.vector_norm(x, float("inf")).float() for x in tensors])
+    return bool(torch.isfinite(max_abs).all())  # one device sync for all tensors
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # score scaling (docs/method.md §2.3) and KL control (§2.8)
 # ---------------------------------------------------------------------------------------------------------------------
