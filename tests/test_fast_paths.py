@@ -1,7 +1,7 @@
 """The learner's fast paths keep its numbers (README, cost section): each check fails on the slow or wrong variant.
 
 - `ppo_core.all_finite`, the finite-gradient and finite-weight check, flags one inf or NaN anywhere and nothing
-  else (huge finite values included, where a 2-norm would overflow);
+  else (huge finite values included, where a 2-norm or a sum would overflow);
 - the agent steps torch's fused Adam on a CPU, whose weights stay within float32 rounding of the default
   implementation's over several updates;
 - a checkpoint written by an unfused optimiser (runs from before the fused kernel) resumes on the fused kernel and
@@ -72,10 +72,10 @@ def test_all_finite_flags_one_bad_element_wherever_it_is(bad):
 
 
 def test_all_finite_passes_every_finite_tensor():
-    huge = torch.full((1000,), 3.0e38)  # finite, but its 2-norm overflows to inf
-    assert torch.isinf(torch.linalg.vector_norm(huge))
+    huge = torch.full((1000,), 3.0e38)  # finite, but its 2-norm and its sum overflow to inf
+    assert torch.isinf(torch.linalg.vector_norm(huge)) and torch.isinf(huge.sum())
     assert ppo_core.all_finite([huge, -huge, torch.zeros(5), torch.randn(4, 4).to(torch.bfloat16)])
-    assert ppo_core.all_finite([])
+    assert ppo_core.all_finite([]) and ppo_core.all_finite([torch.zeros(0), torch.ones(2)])
 
 
 # ----------------------------------------------------------------------------------------------- fused Adam
