@@ -321,8 +321,12 @@ class Agent:
         return self.policy.trainable_parameters()
 
     def _new_optimizer(self) -> torch.optim.Adam:
-        """Adam with torch defaults, no weight decay, constant learning rate (docs/method.md §2.1)."""
-        return torch.optim.Adam(self.trainable_parameters(), lr=self.config.learning_rate)
+        """Adam with torch defaults, no weight decay, constant learning rate (docs/method.md §2.1).
+
+        The fused kernel (one pass over each tensor, no temporaries) where the device has one: the update of the
+        default implementation to within float32 rounding, about 4× faster on a CPU (README, cost section)."""
+        params = self.trainable_parameters()
+        return torch.optim.Adam(params, lr=self.config.learning_rate, fused=_fused_adam_supported(params))
 
     def _optimizer_step(self) -> bool:
         """Average gradients across processes, clip, step; a non-finite gradient skips the step (False)."""
@@ -332,8 +336,7 @@ class Agent:
                 if p.grad is not None:
                     torch.distributed.all_reduce(p.grad)  # SUM then divide: gloo has no AVG
                     p.grad /= world_size()
-        grads = [p.grad for p in params if p.grad is not None]
-        if not all(torch.isfinite(g).all() for g in grads):
+        if not ppo_core.all_finite([p.grad for p in params if p.grad is not None]):
             self.optimizer.zero_grad()
             return False
         if self.config.max_grad_norm is not None:
@@ -361,7 +364,10 @@ class Agent:
     def load(self, directory: Path) -> None:
         """Inverse of `save`; the optimiser state is read with `weights_only=True` (no pickle execution)."""
         self.policy.load_weights(directory)
-        self.optimizer.load_state_dict(torch.load(directory / "optimizer.pt", weights_only=True))
+        optimizer_state = torch.load(directory / "optimizer.pt", weights_only=True)
+        for group, saved in zip(self.optimizer.param_groups, optimizer_state["param_groups"]):
+            saved["fused"] = group["fused"]  # the kernel is this machine's choice (`_new_optimizer`), not the file's
+        self.optimizer.load_state_dict(optimizer_state)
         state = json.loads((directory / "agent.json").read_text())
         self.kl_ctl.value = state["kl_coef"]
         self.score_moments = ppo_core.RunningMoments(**state["score_moments"])
@@ -375,3 +381,8 @@ class Agent:
         self.kl_ctl.value = self.config.init_kl_coef
         self.score_moments = ppo_core.RunningMoments()
         self.steps_since_load = 0  # the official swap reloads the models
+
+
+def _fused_adam_supported(params: list[torch.nn.Parameter]) -> bool:
+    """Whether every parameter can take torch's fused Adam: floating point, on a CPU or a CUDA device."""
+    return all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)

@@ -128,11 +128,12 @@ class PolicyWithValueHead(nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
         position_ids: torch.Tensor,
-        logits_to_keep: int = 0,
+        logits_to_keep: int | torch.Tensor = 0,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """[B, L] ids, mask and positions → (logits [B, K, V] float32, values [B, K] float32) for the last
-        K = `logits_to_keep` positions (all L when 0). Skipping the LM head on prompt positions is pure speed:
-        CORY's observer prompt is three times the pioneer's."""
+        """[B, L] ids, mask and positions → (logits [B, K, V] float32, values [B, K] float32) at K positions:
+        the last K = `logits_to_keep` (all L when 0), or the positions a 1-D tensor `logits_to_keep` lists.
+        Skipping the LM head on prompt positions is pure speed: CORY's observer prompt is three times the
+        pioneer's."""
         self.activate()
         out = self.pretrained_model(
             input_ids=input_ids,
@@ -143,7 +144,11 @@ class PolicyWithValueHead(nn.Module):
             logits_to_keep=logits_to_keep,
         )
         hidden = out.hidden_states[-1]
-        return out.logits.float(), self.v_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
+        if isinstance(logits_to_keep, torch.Tensor):
+            hidden = hidden[:, logits_to_keep]
+        elif logits_to_keep:
+            hidden = hidden[:, -logits_to_keep:]
+        return out.logits.float(), self.v_head(hidden)
 
     def generate(self, **kwargs) -> torch.Tensor:
         """`generate` of the underlying model with this handle's adapter active."""

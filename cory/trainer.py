@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from cory import distributed, runtime
+from cory import distributed, ppo_core, runtime
 from cory.algorithms.base import Algorithm
 from cory.checkpoints import (
     CHECKPOINT_FORMAT,
@@ -304,7 +304,7 @@ class Trainer:
         """After a step every trainable tensor must be finite; a NaN weight cannot be undone, so the run stops
         here, before a checkpoint could hold it."""
         for agent_id, agent in self.algorithm.agents.items():
-            if not all(torch.isfinite(p).all() for p in agent.trainable_parameters()):
+            if not ppo_core.all_finite(agent.trainable_parameters()):
                 raise NonFiniteError(
                     f"iteration {k} left non-finite weights in {agent_id}; stopping without saving them. "
                     f"{self._last_good()} Start a new run with a lower algorithm.agent.learning_rate "

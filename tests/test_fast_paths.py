@@ -1,0 +1,194 @@
+"""The learner's fast paths keep its numbers (README, cost section): each check fails on the slow or wrong variant.
+
+- `ppo_core.all_finite`, the finite-gradient and finite-weight check, flags one inf or NaN anywhere and nothing
+  else (huge finite values included, where a 2-norm or a sum would overflow);
+- the agent steps torch's fused Adam on a CPU, whose weights stay within float32 rounding of the default
+  implementation's over several updates;
+- a checkpoint written by an unfused optimiser (runs from before the fused kernel) resumes on the fused kernel and
+  continues bit for bit like the run that never stopped;
+- the LM head of the policy and of the frozen reference receives a contiguous input (a strided one sends a frozen
+  model's head to a slower batched matmul), on the response columns only, and the value head reads the same final
+  hidden state as the LM head, for GPT-2, Llama and a LoRA policy.
+
+No timing is asserted: speed is measured by `scripts/benchmark.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from from_config import learner
+
+from cory import ppo_core
+from cory.agent import Agent
+from cory.models import build_tiny_gpt2, build_tiny_llama, make_reference
+from cory.policy import Backbone, LoraSettings
+
+CFG = learner(learning_rate=1e-3, mini_batch_size=2, ppo_epochs=2)
+SCORES = torch.tensor([1.0, -0.5, 2.0, 0.0])
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def make_agent(seed: int = 0) -> Agent:
+    model, tokenizer = build_tiny_gpt2(seed=0)
+    return Agent("llm1", model, make_reference(model), tokenizer, CFG, seed=seed)
+
+
+def tokens(seed: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, 256, (n,), generator=g) for n in (3, 5, 2, 4)]
+    responses = [torch.randint(0, 256, (n,), generator=g) for n in (4, 1, 6, 3)]
+    return prompts, responses
+
+
+def weights(agent: Agent) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in agent.trainable_parameters()]
+
+
+# ---------------------------------------------------------------------------------------------- all_finite
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_all_finite_flags_one_bad_element_wherever_it_is(bad):
+    for n in (1, 7, 33, 1000):  # around the vector widths of the reduction kernels
+        for i in range(n):
+            x = torch.randn(n)
+            x[i] = bad
+            assert not ppo_core.all_finite([torch.ones(3), x]), (n, i)
+    big = torch.randn(3_000_000)
+    for i in (0, 1_234_567, 2_999_999):
+        y = big.clone()
+        y[i] = bad
+        assert not ppo_core.all_finite([y])
+        assert not ppo_core.all_finite([y.view(3, -1).t()])  # a non-contiguous view
+        assert not ppo_core.all_finite([y.to(torch.bfloat16)])
+
+
+def test_all_finite_passes_every_finite_tensor():
+    huge = torch.full((1000,), 3.0e38)  # finite, but its 2-norm and its sum overflow to inf
+    assert torch.isinf(torch.linalg.vector_norm(huge)) and torch.isinf(huge.sum())
+    assert ppo_core.all_finite([huge, -huge, torch.zeros(5), torch.randn(4, 4).to(torch.bfloat16)])
+    assert ppo_core.all_finite([]) and ppo_core.all_finite([torch.zeros(0), torch.ones(2)])
+
+
+# ----------------------------------------------------------------------------------------------- fused Adam
+def test_fused_adam_stays_within_rounding_of_the_default_adam():
+    fused, default = make_agent(), make_agent()
+    default.optimizer = torch.optim.Adam(default.trainable_parameters(), lr=CFG.learning_rate, foreach=False)
+    assert fused.optimizer.param_groups[0]["fused"] and not default.optimizer.param_groups[0]["fused"]
+    start = weights(fused)
+    for seed in range(3):  # 3 learn calls × 4 optimiser steps, each on the agents' own (near-equal) rollouts
+        fused.learn(fused.score_tokens(*tokens(seed)), SCORES)
+        default.learn(default.score_tokens(*tokens(seed)), SCORES)
+    moved = max((a - b).abs().max().item() for a, b in zip(weights(fused), start))
+    assert moved > 1e-3  # 12 steps at lr 1e-3 really moved the weights
+    for (name, _), a, b in zip(fused.policy.named_parameters(), weights(fused), weights(default)):
+        # the attention key bias has an analytically zero gradient (softmax ignores a constant per query row), so
+        # Adam turns its float noise into steps of up to ~lr: both kernels agree there to 1e-4 (lr/10), elsewhere
+        # to float32 rounding (1e-7 absolute, 1e-6 relative: a ten-thousandth of one step)
+        atol, rtol = (1e-4, 0.0) if name.endswith("c_attn.bias") else (1e-7, 1e-6)
+        torch.testing.assert_close(a, b, atol=atol, rtol=rtol, msg=name)
+
+
+@pytest.mark.parametrize("saved_kernel", ["fused", "unfused (an older checkpoint)"])
+def test_a_checkpoint_resumes_on_the_fused_kernel_exactly(tmp_path, saved_kernel):
+    a = make_agent()
+    a.learn(a.score_tokens(*tokens(0)), SCORES)
+    a.save(tmp_path)
+    if saved_kernel != "fused":  # what an unfused optimiser writes: the same tensors, `fused: None`
+        state = torch.load(tmp_path / "optimizer.pt", weights_only=True)
+        for group in state["param_groups"]:
+            group["fused"] = None
+        torch.save(state, tmp_path / "optimizer.pt")
+    b = make_agent(seed=5)
+    b.load(tmp_path)
+    assert b.optimizer.param_groups[0]["fused"]
+    rollout = a.score_tokens(*tokens(1))
+    assert a.learn(rollout, SCORES) == b.learn(rollout, SCORES)
+    assert all(torch.equal(x, y) for x, y in zip(weights(a), weights(b)))
+
+
+def test_a_reset_optimizer_is_fused_too():
+    agent = make_agent()
+    agent.reset_training_state()  # the official swap's fresh Adam
+    assert agent.optimizer.param_groups[0]["fused"]
+    agent.config = dataclasses.replace(agent.config, learning_rate=2e-3)
+    agent.reset_training_state()
+    assert agent.optimizer.param_groups[0]["lr"] == 2e-3
+
+
+# ------------------------------------------------------------------------------------------------ LM head
+def _record_head_inputs(agent: Agent, seen: list[torch.Tensor]) -> list:
+    """Hooks on the LM heads of the policy and of π0 (one module when LoRA shares the base)."""
+    heads = {agent.policy.pretrained_model.get_output_embeddings()}
+    if hasattr(agent.ref_model, "get_output_embeddings"):  # a frozen copy; the LoRA reference is the shared base
+        heads.add(agent.ref_model.get_output_embeddings())
+    return [head.register_forward_pre_hook(lambda _module, args: seen.append(args[0])) for head in heads]
+
+
+def _lora_agent() -> Agent:
+    model, tokenizer = build_tiny_llama()
+    lora = LoraSettings(enabled=True, r=4, alpha=8, dropout=0.0, target_modules=("q_proj", "v_proj"), share_base=True)
+    backbone = Backbone(model, tokenizer, lora, add_special_tokens=True)
+    policy = backbone.policy("llm1", init_seed=0)
+    with torch.no_grad():  # a non-zero adapter, so that π and π0 differ
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    return Agent("llm1", policy, backbone.reference(), tokenizer, CFG, seed=0)
+
+
+def _gpt2_agent() -> Agent:
+    return make_agent()
+
+
+def _llama_agent() -> Agent:
+    model, tokenizer = build_tiny_llama()
+    return Agent("llm1", model, make_reference(model), tokenizer, CFG, seed=0)
+
+
+@pytest.mark.parametrize("build", [_gpt2_agent, _llama_agent, _lora_agent], ids=["gpt2", "llama", "lora"])
+def test_lm_heads_get_contiguous_response_columns_and_the_value_head_the_same_states(build):
+    agent = build()
+    base = agent.policy.pretrained_model
+    rollout = agent.score_tokens(*tokens(0))
+    # the values are the value head on exactly the hidden states the LM head reads (after the final norm)
+    p_ids, r_ids = rollout.prompt_ids, rollout.response_ids
+    mask = torch.cat([rollout.prompt_mask, rollout.response_mask], 1)
+    head_input: list[torch.Tensor] = []
+    handles = _record_head_inputs(agent, head_input)
+    with torch.no_grad():
+        agent.policy.activate()
+        hidden = base(
+            input_ids=torch.cat([p_ids, r_ids], 1),
+            attention_mask=mask,
+            position_ids=(mask.cumsum(1) - 1).clamp(min=0),
+            output_hidden_states=True,
+            use_cache=False,
+        ).hidden_states[-1]
+    for handle in handles:
+        handle.remove()
+    assert torch.equal(hidden, head_input[0])
+    with torch.no_grad():
+        expected = agent.policy.v_head(hidden[:, p_ids.shape[1] - 1 : -1])
+    assert rollout.values.abs().min() > 0
+    torch.testing.assert_close(rollout.values, expected, atol=1e-6, rtol=0)
+    # every LM head call, rollout (policy, π0) and learning (2 epochs × 2 minibatches), gets a contiguous input
+    # holding the response columns and the one after them, never the prompt
+    seen: list[torch.Tensor] = []
+    handles = _record_head_inputs(agent, seen)
+    try:
+        agent.learn(agent.score_tokens(*tokens(1)), SCORES)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert len(seen) == 2 + 4
+    width = max(len(r) for r in tokens(1)[1])
+    assert all(x.is_contiguous() and x.shape[1] == width + 1 for x in seen)
