@@ -89,8 +89,16 @@ def _check_targets(cfg: DictConfig) -> None:
         assert callable(get_object(cfg.algorithm.runner))
         algo = OmegaConf.masked_copy(cfg.algorithm, [k for k in cfg.algorithm if k not in RUNNER_KEYS])
         _bind(algo, make_agents=None, store=None, seed=0)
-        _bind(cfg.algorithm.agent_models, None, None, [], seed=0, device="cpu", precision="fp32",
-              generation_batch_size=cfg.hardware.generation_batch_size)
+        _bind(
+            cfg.algorithm.agent_models,
+            None,
+            None,
+            [],
+            seed=0,
+            device="cpu",
+            precision="fp32",
+            generation_batch_size=cfg.hardware.generation_batch_size,
+        )
     else:
         algo = OmegaConf.masked_copy(cfg.algorithm, [k for k in cfg.algorithm if k != "agent"])
         _bind(algo, task=None, make_agent=None, generation_batch_size=cfg.hardware.generation_batch_size)
