@@ -38,7 +38,7 @@ test-all: install  ## every test, GPU ones included when CUDA is present
 # TRL 0.11.4 (the oracle of our PPO update) cannot live beside trl 1.16 in .venv: it gets its own venv
 .venv-trl/.installed:
 	python3 -m venv .venv-trl
-	.venv-trl/bin/pip install torch==2.13.0 "transformers>=5.24,<5.40" trl==0.11.4 pytest
+	.venv-trl/bin/pip install torch==2.13.0 "transformers>=5.24,<5.40" trl==0.11.4 omegaconf==2.3.1 pytest
 	touch $@
 
 parity: .venv-trl/.installed  ## our PPO update vs TRL 0.11.4's PPOTrainer.step (builds .venv-trl once: 2-4 min)
