@@ -118,8 +118,10 @@ def _resume_args(values: dict[str, str], multirun: bool) -> list[str]:
     if not os.path.isdir(folder):  # checked before Hydra, which would create the folder
         raise ConfigError(f"resume={folder}: no such run folder")
     runs.load_run_config(Path(folder))
-    # Hydra's snapshot of this start (the default config + the resume command) must not replace the run's own
-    return [f"hydra.run.dir={os.path.abspath(folder)}", "hydra.output_subdir=.hydra/resumed"]
+    # Hydra's snapshot of this start (the default config + the resume command) must not replace the run's own;
+    # `hydra.mode=RUN`: one run, even when its first start named a sweep file (which sets MULTIRUN) in run mode,
+    # as `scripts/run_sweep.py` starts each job
+    return [f"hydra.run.dir={os.path.abspath(folder)}", "hydra.output_subdir=.hydra/resumed", "hydra.mode=RUN"]
 
 
 def resume_overrides(folder: Path, overrides: list[str]) -> list[str]:

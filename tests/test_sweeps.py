@@ -292,6 +292,22 @@ def test_resume_with_another_folder_or_a_sweep_is_refused(tmp_path, finished, mo
     assert snapshot(finished) == before and not (tmp_path / "elsewhere").exists()
 
 
+def test_a_job_started_from_a_sweep_file_in_run_mode_resumes_as_one_run(tmp_path, monkeypatch, capsys):
+    """`scripts/run_sweep.py` starts each job as `sweep=<file> … hydra.mode=RUN`; the sweep file sets MULTIRUN, and
+    its resume must still continue the one run in its folder, not start a sweep elsewhere."""
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "job"
+    job = ["experiment=smoke", "sweep=cpu_imdb_frontier", "algorithm=ppo", "algorithm.agent.init_kl_coef=0.1",
+           "seed=0", "iterations=1", "save_every=1", "progress=false", f"cache_dir={tmp_path / 'cache'}"]  # fmt: skip
+    code, err = run_main(monkeypatch, capsys, *job, "hydra.mode=RUN", f"hydra.run.dir={run}")
+    assert code == 0, err
+    code, err = run_main(monkeypatch, capsys, f"resume={run}", "iterations=2")
+    assert code == 0, err
+    assert json.loads((run / "summary.json").read_text())["iterations"] == 2
+    assert [r["iteration"] for r in read_rows(run) if "train/llm1/kl" in r] == [0, 1]
+    assert not (tmp_path / "outputs").exists()  # no multirun folder
+
+
 # ------------------------------------------------------------------------------------------------------ caches
 def test_the_tfidf_cache_key_ignores_where_the_data_lives(tmp_path):
     from fakes import write_reviews_csv
