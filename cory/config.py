@@ -41,9 +41,11 @@ CSV_COLUMNS = {
 }
 TEMPLATE_FIELDS = ("query", "response")
 # Keys of the `algorithm` group read by the entry point, not by its `_target_`: PPO and CORY's learner block, or,
-# for an algorithm with its own loop (MAFT), the function that runs it (`runner`) and the weights it builds.
+# for an algorithm with its own loop (MAFT), the function that runs it (`runner`) and the weights it builds. Such an
+# algorithm ignores a learner block: the default experiment (quickstart) sets one, and `algorithm=maft` on the
+# command line must not fail on keys it never chose.
 LEARNER_KEYS = ("agent",)
-RUNNER_KEYS = ("runner", "agent_models")
+RUNNER_KEYS = ("runner", "agent_models", *LEARNER_KEYS)
 # The hardware group has no target: its keys are read by `cory.train` (a key absent from an option is not checked).
 HARDWARE_TYPES = {"device": str, "precision": str, "forward_batch_size": int, "generation_batch_size": int}
 
@@ -81,7 +83,7 @@ def validate(cfg: DictConfig) -> None:
 
 def has_learner(cfg: DictConfig) -> bool:
     """PPO and CORY train through the PPO learner (`algorithm.agent`); an algorithm with its own loop names a
-    `runner` instead (MAFT), and a learner block given to it is refused as an unknown key."""
+    `runner` instead (MAFT) and ignores a learner block (`RUNNER_KEYS`)."""
     return not cfg.algorithm.get("runner")
 
 

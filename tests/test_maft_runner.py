@@ -15,7 +15,7 @@ from conftest import compose_cfg
 from maft_fakes import maft_cfg
 from safetensors.torch import load_file
 
-from cory.config import ConfigError, _check_target
+from cory.config import ConfigError, _check_target, validate
 from cory.maft.agents import LoraAgents
 from cory.maft.debate import DebateRecord
 from cory.maft.metrics import is_maft_metric
@@ -97,10 +97,22 @@ def test_a_folder_holding_another_run_is_refused_in_one_line(tmp_path):
 
 
 def test_an_unknown_key_is_refused_before_any_model_loads(tmp_path):
-    cfg = compose_cfg(["experiment=smoke", "algorithm=maft", f"cache_dir={tmp_path}"])  # smoke sets a PPO block
-    with pytest.raises(ConfigError, match=r"^algorithm\.agent: unknown key for cory\.algorithms\.maft\.MAFT"):
+    cfg = compose_cfg(["experiment=smoke", "algorithm=maft", "+algorithm.num_agent=3", f"cache_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match=r"^algorithm\.num_agent: unknown key for cory\.algorithms\.maft\.MAFT"):
         run(cfg, tmp_path / "run")
     assert not (tmp_path / "run" / "run_config.yaml").exists()
+
+
+def test_the_learner_block_of_the_default_experiment_does_not_stop_algorithm_maft():
+    """`python -m cory.train algorithm=maft task=… model=…` composes the default experiment, whose PPO learner block
+    (`algorithm.agent`) MAFT does not read: it validates, and the runner leaves the block out of MAFT's arguments."""
+    for overrides in (
+        ["algorithm=maft", "task=arithmetic", "model=smollm2_135m"],
+        ["experiment=smoke", "algorithm=maft"],
+    ):
+        cfg = compose_cfg(overrides)
+        assert "agent" in cfg.algorithm
+        validate(cfg)
 
 
 def test_full_copies_with_the_single_agent_ft_baseline_and_the_wandb_logger(tmp_path):

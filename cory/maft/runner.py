@@ -27,7 +27,7 @@ from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from cory import runtime
-from cory.config import ConfigError
+from cory.config import RUNNER_KEYS, ConfigError
 from cory.maft.store import RunStore, write_json_atomic
 
 RUN_CONFIG = "run_config.yaml"
@@ -101,7 +101,7 @@ def _build(cfg: DictConfig, store: RunStore):
             generation_batch_size=cfg.hardware.generation_batch_size,
         )
 
-    algo_cfg = OmegaConf.masked_copy(cfg.algorithm, [k for k in cfg.algorithm if k not in ("runner", "agent_models")])
+    algo_cfg = OmegaConf.masked_copy(cfg.algorithm, [k for k in cfg.algorithm if k not in RUNNER_KEYS])
     maft = _instantiate(algo_cfg, _convert_="all")(make_agents=make_agents, store=store, seed=seed)
     task = _instantiate(cfg.task, tokenizer=built["tokenizer"], _convert_="all")
     train_problems, eval_problems = task.train_problems(), task.eval_problems()[: cfg.get("num_eval")]
