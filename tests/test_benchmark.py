@@ -105,7 +105,7 @@ def test_make_gpt2_small_errors_are_one_line(tmp_path):
     assert proc.stderr.strip() == f"error: --tokenizer-dir {bad}: missing encoder.json, vocab.bpe"
 
 
-def test_bench_preset_is_the_issue_shape():
+def test_bench_preset_is_the_shape_of_the_official_code_comparison():
     cfg = compose_cfg(["experiment=bench_gpt2_small", "model.name_or_path=/some/dir"])
     agent = cfg.algorithm.agent
     assert (cfg.batch_size, agent.mini_batch_size, agent.gradient_accumulation_steps, agent.ppo_epochs) == (
