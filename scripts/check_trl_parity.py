@@ -4,7 +4,7 @@ TRL ≥ 0.12 has no step-API PPO, so the oracle lives in its own virtual environ
 once and runs this script and tests/test_trl_parity.py; by hand:
 
     python3 -m venv .venv-trl
-    .venv-trl/bin/pip install torch==2.13.0 "transformers>=5.24,<5.40" trl==0.11.4 pytest
+    .venv-trl/bin/pip install torch==2.13.0 "transformers>=5.24,<5.40" trl==0.11.4 omegaconf==2.3.1 pytest
     PYTHONPATH=. .venv-trl/bin/python scripts/check_trl_parity.py --extra --out outputs/trl_parity.json
     PYTHONPATH=. .venv-trl/bin/python -m pytest -q tests/test_trl_parity.py
 
@@ -66,7 +66,8 @@ for _k, _v in {
 TRL_VERSION_PREFIX = "0.11."
 INSTALL_HINT = (
     "run `make parity`, which builds .venv-trl with trl==0.11.4 and runs the check; or by hand: python3 -m venv "
-    '.venv-trl && .venv-trl/bin/pip install torch==2.13.0 "transformers>=5.24,<5.40" trl==0.11.4 pytest; then '
+    '.venv-trl && .venv-trl/bin/pip install torch==2.13.0 "transformers>=5.24,<5.40" trl==0.11.4 omegaconf==2.3.1 '
+    "pytest; then "
     "PYTHONPATH=. .venv-trl/bin/python scripts/check_trl_parity.py (trl>=0.12 has no PPOTrainer.step)"
 )
 

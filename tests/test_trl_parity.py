@@ -4,7 +4,7 @@ Skipped unless trl 0.11.x is installed in the running interpreter: the project's
 which has no PPO. `make parity` builds the separate venv once and runs this file; by hand:
 
     python3 -m venv .venv-trl
-    .venv-trl/bin/pip install torch==2.13.0 "transformers>=5.24,<5.40" trl==0.11.4 pytest
+    .venv-trl/bin/pip install torch==2.13.0 "transformers>=5.24,<5.40" trl==0.11.4 omegaconf==2.3.1 pytest
     PYTHONPATH=. .venv-trl/bin/python -m pytest -q tests/test_trl_parity.py
 
 About 30 s with trl installed (TRL's import and the 20 cases of the script, several of them twice).
