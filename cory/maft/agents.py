@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -143,7 +143,33 @@ def add_lora_adapters(
     return peft_model
 
 
-class LoraAgents:
+class _AgentPool:
+    """What both ways of holding the agents share: generation and SFT through `use(name)`, which a subclass
+    defines (an adapter switch, or a copy lookup), with the tokenizer, device and precision set in its __init__."""
+
+    tokenizer: PreTrainedTokenizerBase
+    device: torch.device
+    precision: str
+    generation_batch_size: int
+
+    def use(self, name: str | None) -> AbstractContextManager[nn.Module]:
+        raise NotImplementedError
+
+    def generate(
+        self, name: str | None, chats: list[Chat], max_new_tokens: int, settings: GenerationSettings
+    ) -> list[str]:
+        with self.use(name) as model:
+            hardware = {"device": self.device, "autocast_dtype": runtime.autocast_dtype(self.precision)}
+            batch = self.generation_batch_size
+            return generate_chats(model, self.tokenizer, chats, max_new_tokens, settings, batch_size=batch, **hardware)
+
+    def finetune(self, name: str, chats: list[Chat], settings: SFTSettings, seed: int) -> dict[str, float]:
+        with self.use(name) as model:
+            hardware = {"use_cpu": self.device.type == "cpu", "bf16": self.precision == "bf16"}
+            return train_sft(model, self.tokenizer, chats, settings, seed=seed, **hardware)
+
+
+class LoraAgents(_AgentPool):
     """Every agent a LoRA adapter of one shared frozen base model (`algorithm/agent_models=lora`)."""
 
     def __init__(
@@ -180,19 +206,6 @@ class LoraAgents:
             self.model.set_adapter(name)
             yield self.model
 
-    def generate(
-        self, name: str | None, chats: list[Chat], max_new_tokens: int, settings: GenerationSettings
-    ) -> list[str]:
-        with self.use(name) as model:
-            hardware = {"device": self.device, "autocast_dtype": runtime.autocast_dtype(self.precision)}
-            batch = self.generation_batch_size
-            return generate_chats(model, self.tokenizer, chats, max_new_tokens, settings, batch_size=batch, **hardware)
-
-    def finetune(self, name: str, chats: list[Chat], settings: SFTSettings, seed: int) -> dict[str, float]:
-        with self.use(name) as model:
-            hardware = {"use_cpu": self.device.type == "cpu", "bf16": self.precision == "bf16"}
-            return train_sft(model, self.tokenizer, chats, settings, seed=seed, **hardware)
-
     def state_dict(self, name: str) -> dict[str, torch.Tensor]:
         """A copy of the agent's own weights (its adapter's tensors, keys without the adapter name)."""
         from peft import get_peft_model_state_dict
@@ -224,7 +237,7 @@ class LoraAgents:
             raise ValueError(f"adapter {name}: saved weights do not fit ({result.unexpected_keys[:2]}, {missing[:2]})")
 
 
-class FullCopies:
+class FullCopies(_AgentPool):
     """Every agent a full copy of the model, fine-tuned in full (`algorithm/agent_models=full`)."""
 
     def __init__(
@@ -249,19 +262,6 @@ class FullCopies:
     def use(self, name: str | None) -> Iterator[nn.Module]:
         """The agent's copy, or the untouched base (None)."""
         yield self.base if name is None else self.copies[name]
-
-    def generate(
-        self, name: str | None, chats: list[Chat], max_new_tokens: int, settings: GenerationSettings
-    ) -> list[str]:
-        with self.use(name) as model:
-            hardware = {"device": self.device, "autocast_dtype": runtime.autocast_dtype(self.precision)}
-            batch = self.generation_batch_size
-            return generate_chats(model, self.tokenizer, chats, max_new_tokens, settings, batch_size=batch, **hardware)
-
-    def finetune(self, name: str, chats: list[Chat], settings: SFTSettings, seed: int) -> dict[str, float]:
-        with self.use(name) as model:
-            hardware = {"use_cpu": self.device.type == "cpu", "bf16": self.precision == "bf16"}
-            return train_sft(model, self.tokenizer, chats, settings, seed=seed, **hardware)
 
     def state_dict(self, name: str) -> dict[str, torch.Tensor]:
         """A copy of the agent's weights."""
