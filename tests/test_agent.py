@@ -40,15 +40,6 @@ RESPONSE_LENS = [4, 1, 6, 3]
 SCORES = torch.tensor([1.0, -0.5, 2.0, 0.0])
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """The model is tiny: one intra-op thread is faster, and far faster on a busy 2-CPU machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def sharpen(model: torch.nn.Module, seed: int) -> None:
     """Re-draw weights at a large scale so logits, positions and attention all matter."""
     g = torch.Generator().manual_seed(seed)

@@ -30,14 +30,6 @@ CFG = learner(learning_rate=1e-3, mini_batch_size=2, ppo_epochs=2)
 SCORES = torch.tensor([1.0, -0.5, 2.0, 0.0])
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def make_agent(seed: int = 0) -> Agent:
     model, tokenizer = build_tiny_gpt2(seed=0)
     return Agent("llm1", model, make_reference(model), tokenizer, CFG, seed=seed)
