@@ -2,6 +2,6 @@
 
 from cory.naming import register_resolvers
 
-register_resolvers()  # the run-folder resolvers `conf/train.yaml` uses, available wherever `cory` is imported
+register_resolvers()  # the run-folder resolvers `cory/conf/train.yaml` uses, available wherever `cory` is imported
 
 __version__ = "0.1.0"

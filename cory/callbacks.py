@@ -1,7 +1,7 @@
-"""Sweep identity in W&B and the end-of-sweep frontier (registered in `conf/train.yaml` under `hydra.callbacks`).
+"""Sweep identity in W&B and the end-of-sweep frontier (registered in `cory/conf/train.yaml` under `hydra.callbacks`).
 
 - `run_identity`, `wandb_group`, `wandb_tags`: every run of a sweep lands in one W&B group named after the sweep
-  (`sweep.name`, set by each `conf/sweep/*.yaml`; else the experiment), tagged with its config-group choices and
+  (`sweep.name`, set by each `cory/conf/sweep/*.yaml`; else the experiment), tagged with its config-group choices and
   its overrides. The identity is read from the run's own `.hydra/hydra.yaml` (written at its first start), so a
   resumed run keeps its group and tags.
 - `FrontierCallback.on_multirun_end`: after the last job of any `-m` sweep, collect the runs' `summary.json`,

@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from cory import runtime
+from cory.errors import CheckpointError
 
 CHECKPOINT_FORMAT = 2  # 2: trainer.json records samples_lines (older checkpoints are refused, not misread)
 STATE_KEYS = (  # what trainer.json must hold (`pending_eval` is optional: older checkpoints have none)
@@ -41,10 +42,6 @@ STATE_KEYS = (  # what trainer.json must hold (`pending_eval` is optional: older
 
 # what every refusal tells the user to do: the run folder itself is never changed by a refused load
 _FALLBACK = "delete that checkpoint folder and resume again to continue from the one before it (or from the start)"
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that is missing, corrupt or from an incompatible run; the message is one line."""
 
 
 def write_checkpoint(final: Path, agents: Mapping, state: dict, keep: int) -> None:

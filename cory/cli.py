@@ -5,7 +5,7 @@
   with an explicit `hydra.run.dir` (a resumed run never moves), and when the folder is not a run folder;
 - a new run's folder (`hydra.run.dir`, or the default under `outputs/`) must be creatable and writable, and an
   explicit one must not hold a run already (Hydra would overwrite its `.hydra/` before the run could refuse);
-- a sweep that sweeps a key the folder names leave out (`conf/train.yaml`'s `exclude_keys`) gets that key back
+- a sweep that sweeps a key the folder names leave out (`cory/conf/train.yaml`'s `exclude_keys`) gets that key back
   in its job folder names, so two jobs never share a folder;
 - a single run's overrides are composed once, so a wrong option or key is one `error:` line.
 
@@ -23,19 +23,14 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from cory import runs
-from cory.config import ConfigError
+from cory.errors import ConfigError, one_line
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+CONF_DIR = Path(__file__).resolve().parent / "conf"
 _HELP = {"-h", "--help", "--hydra-help", "--version", "--shell-completion", "-sc", "--info", "-i"}
 
 
 class SweepJobError(Exception):
     """A sweep job failed with a user error (already printed by the job); raised so Hydra marks it failed."""
-
-
-def one_line(err: BaseException) -> str:
-    """An exception's message on one line."""
-    return " ".join(str(err).split()) or type(err).__name__
 
 
 def override_key(override: str) -> str:

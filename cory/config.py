@@ -32,12 +32,13 @@ from hydra.utils import get_object
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from cory.ppo_core import KL_ESTIMATORS
+from cory.errors import ConfigError
+from cory.ppo.core import KL_ESTIMATORS
 
 # Columns each CSV reader needs, by the target that reads `data_files` (shown in the message with the optional ones).
 CSV_COLUMNS = {
     "cory.tasks.imdb.IMDBTask": (("text",), "text,label[,source]"),
-    "cory.rewards.TfidfSentimentReward": (("text", "label"), "text,label[,source]"),
+    "cory.tasks.rewards.TfidfSentimentReward": (("text", "label"), "text,label[,source]"),
 }
 TEMPLATE_FIELDS = ("query", "response")
 # Keys of the `algorithm` group read by the entry point, not by its `_target_`: PPO and CORY's learner block, or,
@@ -48,10 +49,6 @@ LEARNER_KEYS = ("agent",)
 RUNNER_KEYS = ("runner", "agent_models", *LEARNER_KEYS)
 # The hardware group has no target: its keys are read by `cory.train` (a key absent from an option is not checked).
 HARDWARE_TYPES = {"device": str, "precision": str, "forward_batch_size": int, "generation_batch_size": int}
-
-
-class ConfigError(ValueError):
-    """An invalid configuration; the message is one line meant for the user."""
 
 
 def _check(ok: bool, message: str) -> None:
@@ -193,7 +190,7 @@ def _check_run(cfg: DictConfig) -> None:
 
 
 def _check_agent(cfg: DictConfig) -> None:
-    from cory.agent import PPOConfig  # here, not at import: `cory.agent` pulls in transformers
+    from cory.ppo.learner import PPOConfig  # here, not at import: `cory.ppo.learner` pulls in transformers
 
     a = cfg.algorithm.agent
     _check_keys(a, "algorithm.agent", [f.name for f in dataclasses.fields(PPOConfig)], "the PPO learner")

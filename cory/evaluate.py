@@ -36,8 +36,9 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from cory import runtime
-from cory.answers import extract_answer, pass_at_k
-from cory.config import ConfigError, validate
+from cory.config import validate
+from cory.errors import ConfigError
+from cory.tasks.answers import extract_answer, pass_at_k
 
 RESULTS, SUMMARY, PLOT, SETTINGS = "results.jsonl", "passk.json", "passk.png", "settings.json"
 
@@ -64,7 +65,7 @@ def load_config(run_dir: Path | None, overrides: list[str]) -> DictConfig:
         from hydra import compose, initialize_config_dir
         from hydra.errors import HydraException
 
-        conf = str(Path(__file__).resolve().parents[1] / "conf")
+        conf = str(Path(__file__).resolve().parent / "conf")
         try:
             with initialize_config_dir(version_base="1.3", config_dir=conf):
                 return compose("train", overrides=overrides)
@@ -92,7 +93,7 @@ class _Policy:
 
 def sample_chunk(policy: _Policy, task, questions: list[str], n: int, batch_size: int) -> list[dict]:
     """n sampled responses and one greedy response per question, scored; one row per question."""
-    from cory.rollout import generate
+    from cory.ppo.rollout import generate
 
     def responses(prompts: list[str], generation_kwargs: dict) -> list[str]:
         with torch.no_grad(), policy.autocast():
@@ -257,7 +258,7 @@ def _log_to_wandb(cfg: DictConfig, run_dir: Path, out: Path, summary: dict[str, 
 
 
 def main(argv: list[str] | None = None) -> None:
-    from cory.train import USER_ERRORS
+    from cory.errors import USER_ERRORS
 
     parser = argparse.ArgumentParser(prog="python -m cory.evaluate", description=__doc__.split("\n\n")[0])
     parser.add_argument("target", help="a run folder (its latest checkpoint), a checkpoint folder, or an override")

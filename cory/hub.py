@@ -26,16 +26,14 @@ from urllib.parse import urlparse
 from huggingface_hub import constants, try_to_load_from_cache
 from safetensors import SafetensorError
 
+from cory.errors import AssetUnavailableError
+
 T = TypeVar("T")
 
 _OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
 # `datasets` builders that read local files given in `data_files=`; never Hub names.
 _LOCAL_BUILDERS = {"csv", "json", "parquet", "text", "arrow", "pandas", "imagefolder", "audiofolder"}
 _LOADER_ERRORS = (OSError, ConnectionError, ValueError)
-
-
-class AssetUnavailableError(RuntimeError):
-    """A model, tokenizer or dataset could not be found locally and the Hub cannot provide it."""
 
 
 def offline_mode() -> str | None:

@@ -1,11 +1,11 @@
 """Model loaders and the frozen-copy reference (docs/method.md §2.1, §3.3).
 
-Every `conf/model/*.yaml` is a `_target_` to one of the loaders below plus two keys that are not the loader's
+Every `cory/conf/model/*.yaml` is a `_target_` to one of the loaders below plus two keys that are not the loader's
 (`lora`, `add_special_tokens`: how agents attach to the model, read by `cory.policy.Backbone`). Each loader
 returns `(model, tokenizer)`: float weights on CPU, or, with `load_in_4bit`, bitsandbytes NF4 weights on the
 current CUDA device. The model's own `generation_config` is replaced by one holding only its special-token ids,
 so sampling settings shipped with a checkpoint (Llama-2-chat's temperature 0.6, top-p 0.9) never leak into
-generation; `cory.rollout.generate` also passes every setting explicitly.
+generation; `cory.ppo.rollout.generate` also passes every setting explicitly.
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def load_pretrained(
     An unreachable name fails within seconds with a message saying how to use a local folder (`cory.hub`).
     """
     if load_in_4bit and importlib.util.find_spec("bitsandbytes") is None:  # checked where 4 bit is used
-        from cory.config import ConfigError
+        from cory.errors import ConfigError
 
         raise ConfigError("model.load_in_4bit=true needs bitsandbytes: pip install -r requirements-gpu.txt")
     tokenizer = from_pretrained_or_fail(

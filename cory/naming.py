@@ -1,4 +1,4 @@
-"""Run folder names: the OmegaConf resolvers `conf/train.yaml` uses, registered when `cory` is imported.
+"""Run folder names: the OmegaConf resolvers `cory/conf/train.yaml` uses, registered when `cory` is imported.
 
 - `cory.uniq`: a short suffix that makes each start's folder unique (cached, so every job of one sweep and
   every process of one data-parallel launch gets the same one);

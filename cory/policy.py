@@ -9,7 +9,7 @@ Two ways to give CORY's agents (and PPO's one) their weights (docs/method.md §1
   the adapters disabled (PEFT's `disable_adapter()`), as TRL builds the reference of a PEFT model: the base
   weights exist once in memory.
 
-`PolicyWithValueHead` is what `cory.agent.Agent` sees in both cases. It activates its own adapter before every
+`PolicyWithValueHead` is what `cory.ppo.learner.Agent` sees in both cases. It activates its own adapter before every
 forward and generate, lists the parameters it owns *by name* (PEFT's `set_adapter` flips `requires_grad` with the
 active adapter, so a `requires_grad` filter would hand one agent's optimiser the other agent's adapter), and saves
 and loads only what it owns: the adapter (PEFT's `adapter_model.safetensors` + `adapter_config.json`) and the value
@@ -34,7 +34,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from cory.models import make_reference
 
-# Keys of `conf/model/*.yaml` that describe how agents attach to the loaded model; every other key goes to the
+# Keys of `cory/conf/model/*.yaml` that describe how agents attach to the loaded model; every other key goes to the
 # loader (`_target_`), like `algorithm.agent` beside the algorithm's own keys.
 HANDLE_KEYS = ("lora", "add_special_tokens")
 FULL_WEIGHTS = "policy.safetensors"
@@ -204,7 +204,7 @@ class PolicyWithValueHead(nn.Module):
 class AdapterFreeReference(nn.Module):
     """π0 as the LoRA agents' base model with every adapter disabled: no copy of the weights (docs/method.md §3.3).
 
-    Called like a Hugging Face causal LM (`cory.rollout.forward_logits`). It holds the `Backbone`, not the PEFT
+    Called like a Hugging Face causal LM (`cory.ppo.rollout.forward_logits`). It holds the `Backbone`, not the PEFT
     model, so it registers no parameters of its own: they belong to the agents' shared model.
     """
 

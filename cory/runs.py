@@ -29,7 +29,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from cory.config import ConfigError
+from cory.errors import ConfigError
 
 RUN_CONFIG = "run_config.yaml"  # the resolved config of the first start; a resumed run reuses it
 STARTS = "starts.jsonl"  # one line per start of the run: overrides typed, changes accepted, iteration

@@ -26,13 +26,10 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from cory import cli, distributed, runs, runtime
-from cory.checkpoints import CheckpointError, latest_checkpoint, read_state, truncate_lines
-from cory.config import ConfigError, validate
-from cory.hub import AssetUnavailableError
-from cory.trainer import NonFiniteError, RunSettings, Trainer
-
-# Errors whose message is written for the user: printed as one `error:` line, exit code 2.
-USER_ERRORS = (ConfigError, AssetUnavailableError, CheckpointError, NonFiniteError)
+from cory.checkpoints import latest_checkpoint, read_state, truncate_lines
+from cory.config import validate
+from cory.errors import USER_ERRORS, ConfigError, one_line
+from cory.trainer import RunSettings, Trainer
 
 if TYPE_CHECKING:
     from cory.policy import Backbone
@@ -61,7 +58,7 @@ def build_agent(name: str, *, backbone: Backbone, reference, cfg: DictConfig, de
     """A fresh agent on `backbone`: its own full copy or LoRA adapter, value head, optimiser and KL controller.
     Initial weights are drawn from `cfg.seed` alone (the same on every rank), so CORY's two agents start
     identical; each agent's minibatch permutations come from its own stream `seed + index`."""
-    from cory.agent import Agent, PPOConfig
+    from cory.ppo.learner import Agent, PPOConfig
 
     index = len(backbone.handles)
     return Agent(
@@ -192,7 +189,7 @@ def _instantiate(node: DictConfig, **kwargs):
         if isinstance(err.__cause__, USER_ERRORS):
             raise err.__cause__ from None
         if isinstance(err.__cause__, ValueError):
-            raise ConfigError(f"{node._target_}: {cli.one_line(err.__cause__)}") from None
+            raise ConfigError(f"{node._target_}: {one_line(err.__cause__)}") from None
         raise
 
 
@@ -234,7 +231,7 @@ def _resume_config(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> 
             composed = [cli.compose(o) for o in (original, original + new)]
             base, requested = (OmegaConf.to_container(c, resolve=True) for c in composed)
         except (HydraException, OmegaConfBaseException) as err:  # e.g. a config group renamed since the run began
-            raise ConfigError(f"resume={folder}: its overrides no longer compose ({cli.one_line(err)})") from None
+            raise ConfigError(f"resume={folder}: its overrides no longer compose ({one_line(err)})") from None
         saved_values = OmegaConf.to_container(saved, resolve=True)
         changes = runs.resume_changes(saved_values, base, requested, named=[cli.override_key(o) for o in new])
         saved = runs.apply_resume_changes(saved, requested, changes, folder)
@@ -288,7 +285,7 @@ def run_reporting_errors(cfg: DictConfig, run_dir: Path, overrides: Sequence[str
     try:
         return train(cfg, run_dir, overrides)
     except USER_ERRORS as err:
-        message = cli.one_line(err)
+        message = one_line(err)
     except OSError as err:
         if err.errno not in runs.WRITE_ERRNOS:
             raise

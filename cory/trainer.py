@@ -26,32 +26,28 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from cory import distributed, ppo_core, runtime
+from cory import distributed, runtime
 from cory.algorithms.base import Algorithm
 from cory.checkpoints import (
     CHECKPOINT_FORMAT,
-    CheckpointError,
     latest_checkpoint,
     load_agent,
     load_torch_rng,
     read_state,
     write_checkpoint,
 )
-from cory.config import ConfigError
-from cory.evaluation import eval_lengths, evaluate
+from cory.errors import CheckpointError, ConfigError, NonFiniteError
+from cory.ppo import core as ppo_core
+from cory.ppo.evaluation import eval_lengths, evaluate
 from cory.tasks.base import Task
 
 # torch's message when a sampling distribution or a kernel meets inf/NaN (e.g. weights blown up by a huge step)
 _NONFINITE_RUNTIME = re.compile(r"\b(inf|nan)\b", re.IGNORECASE)
 
 
-class NonFiniteError(RuntimeError):
-    """Too many consecutive iterations with a non-finite loss, reward or KL."""
-
-
 @dataclass
 class RunSettings:
-    """Run-level knobs from `conf/train.yaml` (not learner hyperparameters)."""
+    """Run-level knobs from `cory/conf/train.yaml` (not learner hyperparameters)."""
 
     iterations: int
     batch_size: int

@@ -66,7 +66,7 @@ def child(root: Path, algorithm: str, total: int, warmup: int, overrides: list[s
         raise RuntimeError(f"imported cory from {cory.__file__}, expected {root}")
     if threads:
         torch.set_num_threads(threads)
-    cfg = compose(root / "conf", [*overrides, f"algorithm={algorithm}", f"iterations={total}"])
+    cfg = compose(root / "cory" / "conf", [*overrides, f"algorithm={algorithm}", f"iterations={total}"])
     with tempfile.TemporaryDirectory(prefix=f"cory-bench-{algorithm}-") as run_dir:
         train(cfg, Path(run_dir))
         rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(child(args.root, args.child, total, args.warmup, args.overrides, args.threads)))
         return
 
-    cfg = compose(ROOT / "conf", args.overrides, hydra_config=True)
+    cfg = compose(ROOT / "cory" / "conf", args.overrides, hydra_config=True)
     result: dict = {
         "model": cfg.hydra.runtime.choices.get("model"),
         "task": cfg.hydra.runtime.choices.get("task"),

@@ -1,4 +1,4 @@
-"""Numerical parity of `cory.agent.Agent.learn` with TRL 0.11.4's `PPOTrainer.step` (docs/method.md §2).
+"""Numerical parity of `cory.ppo.learner.Agent.learn` with TRL 0.11.4's `PPOTrainer.step` (docs/method.md §2).
 
 TRL ≥ 0.12 has no step-API PPO, so the oracle lives in its own virtual environment. `make parity` builds it
 once and runs this script and tests/test_trl_parity.py; by hand:
@@ -299,8 +299,8 @@ def build_ours(base, ref_base, tokenizer, learner: dict, seed: int, trl_model):
     """Our agent on copies of the same models, with TRL's value-head weights."""
     import torch
 
-    from cory.agent import Agent, PPOConfig
     from cory.models import make_reference
+    from cory.ppo.learner import Agent, PPOConfig
 
     agent = Agent("ours", copy.deepcopy(base), make_reference(ref_base), tokenizer, PPOConfig(**learner), seed=seed)
     with torch.no_grad():

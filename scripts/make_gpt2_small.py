@@ -36,7 +36,7 @@ WAY_OUT = f"pass --tokenizer-dir DIR with {' and '.join(TOKENIZER_FILES)}"
 
 
 def cache_root() -> Path:
-    """`$CORY_CACHE`, else `~/.cache/cory` (the same default as `cache_dir` in conf/train.yaml)."""
+    """`$CORY_CACHE`, else `~/.cache/cory` (the same default as `cache_dir` in cory/conf/train.yaml)."""
     return Path(os.environ.get("CORY_CACHE", "~/.cache/cory")).expanduser()
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every GSM8K figure of the paper (docs/method.md §3.2, §3.4, §3.6), one sweep each (conf/sweep/), with W&B logging.
+# Every GSM8K figure of the paper (docs/method.md §3.2, §3.4, §3.6), one sweep each (cory/conf/sweep/), with W&B logging.
 # Needs `experiment=gsm8k_llama2` (4-bit Llama-2-7b-chat with LoRA), a GPU per run and the Hub assets (or local
 # copies via model.name_or_path=...). Extra arguments go to every sweep (e.g. the SLURM launcher).
 set -euo pipefail

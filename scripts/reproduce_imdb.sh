@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every IMDB figure of the paper (docs/method.md §3.1, §3.4, §3.5), one sweep each (conf/sweep/), with W&B logging:
+# Every IMDB figure of the paper (docs/method.md §3.1, §3.4, §3.5), one sweep each (cory/conf/sweep/), with W&B logging:
 # each sweep's runs share a W&B group named after it, and its end writes frontier.{png,csv,json} into the sweep
 # folder plus a summary run in that group. 100 iterations, batch 256, 3 seeds.
 # Needs a GPU and the Hub assets (gpt2-large, gpt2-xl, lvwerra/distilbert-imdb, imdb) or local copies:

@@ -41,7 +41,7 @@ def compose(overrides: list[str]):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
+    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "cory" / "conf")):
         return hydra_compose("train", overrides=overrides, return_hydra_config=True)
 
 

@@ -27,7 +27,7 @@ import torch  # noqa: E402
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+CONF_DIR = str(Path(__file__).resolve().parents[1] / "cory" / "conf")
 
 
 def compose_cfg(overrides: list[str] | None = None, return_hydra_config: bool = False) -> DictConfig:

@@ -13,9 +13,9 @@ from typing import Any
 from conftest import compose_cfg
 from omegaconf import DictConfig, OmegaConf
 
-from cory.agent import PPOConfig
+from cory.ppo.learner import PPOConfig
 
-# The paper's learner block (conf/algorithm/ppo.yaml as the IMDB preset composes it): init β 0.3, 4 epochs, ...
+# The paper's learner block (cory/conf/algorithm/ppo.yaml as the IMDB preset composes it): init β 0.3, 4 epochs, ...
 PAPER = ("experiment=imdb_gpt2",)
 
 

@@ -11,7 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from cory.maft.debate import Chat
 from cory.models import build_tiny_gpt2
-from cory.problems import Problem, arithmetic_problems, split_disjoint
+from cory.tasks.problems import Problem, arithmetic_problems, split_disjoint
 
 # A minimal chat template for the in-memory byte tokenizer (which has none): role tags, EOS closes every turn.
 CHAT_TEMPLATE = (

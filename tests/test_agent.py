@@ -1,4 +1,4 @@
-"""Behaviour tests for `cory.agent.Agent` and `cory.rollout` on the tiny in-memory GPT-2 (docs/method.md §1.4, §2).
+"""Behaviour tests for `cory.ppo.learner.Agent` and `cory.ppo.rollout` on the tiny in-memory GPT-2 (method §1.4, §2).
 
 Covers: a `learn` call moves the policy and the value head but never the frozen reference; rollout log-probs,
 values and KL are invariant to padding (left-padded prompts, right-padded responses, explicit position ids);
@@ -28,10 +28,10 @@ import torch
 from from_config import learner
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from cory import ppo_core
-from cory.agent import Agent, PPOConfig
 from cory.models import build_tiny_gpt2, make_reference
-from cory.rollout import forward_logits, pad, truncate_after_eos
+from cory.ppo import core as ppo_core
+from cory.ppo.learner import Agent, PPOConfig
+from cory.ppo.rollout import forward_logits, pad, truncate_after_eos
 
 # The paper's learner block from the YAML, with B = 4 samples, 2 per minibatch, 2 epochs → 4 optimiser steps per learn
 CFG = learner(learning_rate=1e-3, mini_batch_size=2, ppo_epochs=2)

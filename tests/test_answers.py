@@ -1,5 +1,5 @@
-"""Answer extraction, comparison and pass@k (`cory/answers.py`) on hand-written cases, and the problem sources
-(`cory/problems.py`) on generated and hand-written data. Run: `pytest tests/test_answers.py` (a few seconds)."""
+"""Answer extraction, comparison and pass@k (`cory/tasks/answers.py`) on hand-written cases, and the problem sources
+(`cory/tasks/problems.py`) on generated and hand-written data. Run: `pytest tests/test_answers.py` (a few seconds)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from itertools import combinations
 
 import pytest
 
-from cory.answers import answers_equal, extract_answer, parse_ground_truth, pass_at_k
-from cory.hub import AssetUnavailableError
-from cory.problems import arithmetic_problems, gsm8k_problems, gsm_symbolic_problems, split_disjoint
+from cory.errors import AssetUnavailableError
+from cory.tasks.answers import answers_equal, extract_answer, parse_ground_truth, pass_at_k
+from cory.tasks.problems import arithmetic_problems, gsm8k_problems, gsm_symbolic_problems, split_disjoint
 
 # (response, expected extraction) — the last number rule of docs/method.md §3.2
 LAST_NUMBER_CASES = [

@@ -116,7 +116,7 @@ def test_bench_preset_is_the_shape_of_the_official_code_comparison():
     )
     assert list(cfg.task.max_new_tokens) == [16, 16]  # exactly 16 new tokens
     assert cfg.model._target_ == "cory.models.load_pretrained" and cfg.model.name_or_path == "/some/dir"
-    assert cfg.task.reward._target_ == "cory.rewards.TfidfSentimentReward"  # the same tiny classifier for both
+    assert cfg.task.reward._target_ == "cory.tasks.rewards.TfidfSentimentReward"  # the same tiny classifier for both
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Sweeps end to end and the end-of-sweep callback (`cory/callbacks.py`, `conf/sweep/*.yaml`).
+"""Sweeps end to end and the end-of-sweep callback (`cory/callbacks.py`, `cory/conf/sweep/*.yaml`).
 
 - A tiny-model sweep of 2 jobs (`experiment=smoke sweep=fig3_imdb seed=0`) runs through Hydra's basic launcher with
   `logger=wandb` offline: every run lands in the W&B group named after the sweep with its choices and overrides as

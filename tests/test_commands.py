@@ -38,7 +38,8 @@ from omegaconf import OmegaConf
 from runners import env, run_main
 from test_train import check_run_folder
 
-from cory.config import ConfigError, validate
+from cory.config import validate
+from cory.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = re.compile(r"(^|/)python3?$")

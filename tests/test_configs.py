@@ -21,9 +21,10 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
-from cory.agent import PPOConfig
-from cory.config import RUNNER_KEYS, ConfigError, validate
+from cory.config import RUNNER_KEYS, validate
+from cory.errors import ConfigError
 from cory.policy import HANDLE_KEYS, LoraSettings
+from cory.ppo.learner import PPOConfig
 
 REPO = Path(__file__).resolve().parents[1]
 GROUPS = {
@@ -49,7 +50,7 @@ SWEEPS = sorted(p.stem for p in (Path(CONF_DIR) / "sweep").glob("*.yaml"))
 GPU_HARDWARE = {"gpu", "multi_gpu"}
 CUDA_MESSAGE = "hardware.device=cuda but CUDA is not available; use hardware=cpu"
 FOUR_BIT_MESSAGE = "model.load_in_4bit=true needs CUDA"  # the Llama-2 configs are 4-bit (docs/method.md §3.3)
-# Learner values PPO and CORY may set differently, per task, each from a `conf/tuning/<algorithm>_<task>.yaml`
+# Learner values PPO and CORY may set differently, per task, each from a `cory/conf/tuning/<algorithm>_<task>.yaml`
 # file (paper Table 2: GSM8K's learning rate is 1e-5 for PPO, 1e-4 for CORY). Everything else is shared.
 LEARNER_DIFFERENCES = {"gsm8k": {"learning_rate"}}
 TUNINGS = sorted(p.stem for p in (Path(CONF_DIR) / "tuning").glob("*.yaml"))
@@ -210,7 +211,7 @@ PAPER_IMDB = {
     "task.query_tokens": [2, 8],
     "task.generation_kwargs.repetition_penalty": 1.1,
     "task.eval_kl_coef": 0.3,
-    "task.reward._target_": "cory.rewards.ClassifierReward",
+    "task.reward._target_": "cory.tasks.rewards.ClassifierReward",
     "task.reward.name_or_path": "lvwerra/distilbert-imdb",
 }
 CORY_ON = {
@@ -328,7 +329,7 @@ def test_unknown_keys_and_targets_are_config_errors():
     with pytest.raises(ConfigError, match=r"^algorithm\.agent\.lr: unknown key .*allowed: learning_rate"):
         validate(compose_cfg(["experiment=smoke", "+algorithm.agent.lr=0.1"]))
     with pytest.raises(ConfigError, match=r"^task\.reward\._target_=cory\.rewards\.Nope: cannot be imported"):
-        validate(compose_cfg(["task=imdb", "task.reward._target_=cory.rewards.Nope"]))
+        validate(compose_cfg(["task=imdb", "task.reward._target_=cory.tasks.rewards.Nope"]))
     with pytest.raises(ConfigError, match=r"^model\.n_layers: unknown key for cory\.models\.build_tiny_gpt2"):
         validate(compose_cfg(["experiment=smoke", "+model.n_layers=3"]))
 

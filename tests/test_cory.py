@@ -16,9 +16,9 @@ import torch
 from conftest import compose_cfg
 from from_config import algorithm_kwargs, task_kwargs
 
-from cory.agent import Agent
 from cory.algorithms.cory import CORY
-from cory.ppo_core import RunningMoments
+from cory.ppo.core import RunningMoments
+from cory.ppo.learner import Agent
 from cory.tasks.toy import ToyTask
 from cory.train import build_agent, build_backbone, train
 

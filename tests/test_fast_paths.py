@@ -21,10 +21,10 @@ import pytest
 import torch
 from from_config import learner
 
-from cory import ppo_core
-from cory.agent import Agent
 from cory.models import build_tiny_gpt2, build_tiny_llama, make_reference
 from cory.policy import Backbone, LoraSettings
+from cory.ppo import core as ppo_core
+from cory.ppo.learner import Agent
 
 CFG = learner(learning_rate=1e-3, mini_batch_size=2, ppo_epochs=2)
 SCORES = torch.tensor([1.0, -0.5, 2.0, 0.0])

@@ -15,8 +15,8 @@ from conftest import compose_cfg
 from from_config import learner
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from cory.agent import Agent
 from cory.models import build_tiny_gpt2, make_reference
+from cory.ppo.learner import Agent
 from cory.train import train
 
 

@@ -21,11 +21,11 @@ from hydra.utils import instantiate
 from test_train import check_run_folder, read_rows
 
 import cory.trainer
-from cory.answers import extract_answer
 from cory.config import validate
 from cory.evaluate import evaluate_run
-from cory.problems import Problem
+from cory.tasks.answers import extract_answer
 from cory.tasks.base import SafeScorer
+from cory.tasks.problems import Problem
 from cory.train import train
 
 SHOT = "Question: Shawn has five toys."

@@ -14,9 +14,10 @@ import pytest
 from transformers import AutoTokenizer
 
 from cory import hub
-from cory.hub import AssetUnavailableError, from_pretrained_or_fail, load_dataset_or_fail
+from cory.errors import AssetUnavailableError
+from cory.hub import from_pretrained_or_fail, load_dataset_or_fail
 from cory.models import byte_tokenizer, load_pretrained
-from cory.rewards import ClassifierReward
+from cory.tasks.rewards import ClassifierReward
 
 OFFLINE = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
 

@@ -1,8 +1,8 @@
-"""The IMDB task (`cory.tasks.imdb.IMDBTask`) and its config `conf/task/imdb.yaml`.
+"""The IMDB task (`cory.tasks.imdb.IMDBTask`) and its config `cory/conf/task/imdb.yaml`.
 
 On a hand-made CSV: queries are the first 2–8 policy tokens of reviews > 200 chars from `source == "imdb"` rows,
 evaluation and training reviews are disjoint, the observer prompt is the exact template string, and `score`
-feeds q + a to the reward. The config test composes `conf/task/imdb.yaml` with Hydra, instantiates it with the
+feeds q + a to the reward. The config test composes `cory/conf/task/imdb.yaml` with Hydra, instantiates it with the
 default TF-IDF reward and with the documented `ClassifierReward` override. The packaged 25k-review CSV and the
 SmolLM2 conversion are `slow`. Run: `pytest -q tests/test_imdb.py -m "not slow"`.
 """
@@ -20,15 +20,15 @@ from from_config import task_kwargs
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from cory.hub import AssetUnavailableError
+from cory.errors import AssetUnavailableError
 from cory.models import byte_tokenizer
 from cory.tasks.imdb import IMDBTask
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[1] / "cory" / "conf"
 
 
 def imdb_task(tokenizer, reward, **fields) -> IMDBTask:
-    """`IMDBTask` with the values of `conf/task/imdb.yaml` (its only source), `fields` replaced."""
+    """`IMDBTask` with the values of `cory/conf/task/imdb.yaml` (its only source), `fields` replaced."""
     return IMDBTask(tokenizer, reward, **task_kwargs("imdb", **fields))
 
 
@@ -120,7 +120,7 @@ def _compose(tmp_path: Path, overrides: list[str]):
 
     conf = tmp_path / "conf"
     shutil.copytree(CONF / "task", conf / "task")
-    # A minimal root config standing in for conf/train.yaml: the task group and the `cache_dir` it interpolates.
+    # A minimal root config standing in for cory/conf/train.yaml: the task group and the `cache_dir` it interpolates.
     (conf / "root.yaml").write_text(f"defaults:\n  - task: imdb\n  - _self_\ncache_dir: {tmp_path / 'cache'}\n")
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
         return compose("root", overrides=overrides)
@@ -129,7 +129,7 @@ def _compose(tmp_path: Path, overrides: list[str]):
 def test_config_instantiates_with_default_and_classifier_rewards(tmp_path: Path, reviews_csv: Path) -> None:
     from hydra.utils import instantiate
 
-    from cory.rewards import ClassifierReward, TfidfSentimentReward
+    from cory.tasks.rewards import ClassifierReward, TfidfSentimentReward
 
     data = [f"task.data_files={reviews_csv}", "task.num_eval=10", f"+task.reward.data_files={reviews_csv}"]
     task = instantiate(_compose(tmp_path, data).task, tokenizer=byte_tokenizer())
@@ -139,7 +139,7 @@ def test_config_instantiates_with_default_and_classifier_rewards(tmp_path: Path,
     assert positive > negative
 
     save_tiny_classifier(tmp_path / "clf", {0: "NEGATIVE", 1: "POSITIVE"})
-    override = [  # the override documented at the top of conf/task/imdb.yaml
+    override = [  # the override documented at the top of cory/conf/task/imdb.yaml
         "task/reward=distilbert_imdb",
         f"task.reward.name_or_path={tmp_path / 'clf'}",
     ]

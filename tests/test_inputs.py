@@ -27,9 +27,8 @@ from runners import REPO, cli, env, finished_run, one_error_line, run_main, star
 from test_train import smoke
 
 import cory.models
-from cory.config import ConfigError
-from cory.hub import AssetUnavailableError
-from cory.rewards import TfidfSentimentReward
+from cory.errors import AssetUnavailableError, ConfigError
+from cory.tasks.rewards import TfidfSentimentReward
 from cory.train import train
 from cory.trainer import latest_checkpoint
 
@@ -162,7 +161,7 @@ BAD = {  # override → key the one-line message must name
     "iterations=0": "iterations",
     "save_every=-1": "save_every",
     "model=gpt2 model.name_or_path=/nonexistent/dir": "model.name_or_path",
-    "task=imdb task.reward._target_=cory.rewards.NoSuchReward": "task.reward._target_",
+    "task=imdb task.reward._target_=cory.tasks.rewards.NoSuchReward": "task.reward._target_",
     "task=imdb task.source=web": "task.source",
     "algorithm=cory algorithm.swap_period=0": "algorithm.swap_period",
 }

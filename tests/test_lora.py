@@ -29,10 +29,11 @@ from safetensors.torch import load_file
 from test_robustness import assert_same_rows, cli, env, wait_for_train_row
 from test_train import read_rows
 
-from cory.config import ConfigError, validate
+from cory.config import validate
+from cory.errors import ConfigError
 from cory.models import build_tiny_llama, load_pretrained
 from cory.policy import HANDLE_KEYS, AdapterFreeReference
-from cory.rollout import generate
+from cory.ppo.rollout import generate
 from cory.train import build_agent, build_backbone, train
 
 CPU = torch.device("cpu")

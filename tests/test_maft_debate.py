@@ -15,7 +15,7 @@ from hydra.utils import instantiate
 from maft_fakes import ScriptedPool, maft_cfg
 from omegaconf import OmegaConf
 
-from cory.config import ConfigError
+from cory.errors import ConfigError
 from cory.maft.debate import DebateRecord, critic_data, generation_data, majority_vote, mix, pick_others
 from cory.maft.metrics import (
     consensus,
@@ -26,7 +26,7 @@ from cory.maft.metrics import (
     pairwise_dissimilarity,
 )
 from cory.maft.store import RunStore
-from cory.problems import Problem
+from cory.tasks.problems import Problem
 
 PROBLEMS = [Problem("What is the result of 2+3?", "5"), Problem("What is the result of 4+4?", "8")]
 

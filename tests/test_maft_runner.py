@@ -15,13 +15,14 @@ from conftest import compose_cfg
 from maft_fakes import maft_cfg
 from safetensors.torch import load_file
 
-from cory.config import ConfigError, _check_target, validate
+from cory.config import _check_target, validate
+from cory.errors import ConfigError
 from cory.maft.agents import LoraAgents
 from cory.maft.debate import DebateRecord
 from cory.maft.metrics import is_maft_metric
 from cory.maft.runner import run
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[1] / "cory" / "conf"
 
 
 def rows(run_dir: Path) -> list[dict]:

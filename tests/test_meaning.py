@@ -31,15 +31,15 @@ from from_config import learner, task_kwargs
 from test_cory import QUERIES, make_cory
 from test_train import smoke
 
-import cory.agent
 import cory.algorithms.base
 import cory.algorithms.cory
 import cory.algorithms.ppo
-import cory.evaluation
 import cory.loggers
-from cory.agent import Agent
+import cory.ppo.evaluation
+import cory.ppo.learner
 from cory.algorithms.cory import CORY
 from cory.models import build_tiny_gpt2, make_reference
+from cory.ppo.learner import Agent
 from cory.tasks.toy import ToyTask
 from cory.train import train
 from cory.trainer import Trainer
@@ -142,23 +142,23 @@ def check_evaluation_samples_in_eval_mode(tmp: Path) -> None:
     agent.learn(agent.act(queries[:4], 6, task.generation_kwargs, 4), torch.ones(4))  # TRL: train mode from now
 
     modes: list[bool] = []
-    generate = cory.agent.generate
+    generate = cory.ppo.learner.generate
 
     def generate_spy(model, *args, **kwargs):
         modes.append(model.training)
         return generate(model, *args, **kwargs)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cory.agent, "generate", generate_spy)
+        mp.setattr(cory.ppo.learner, "generate", generate_spy)
         torch.manual_seed(0)
         agent.act(queries, 6, task.generation_kwargs, 8)
         assert modes == [True]  # the training-time quirk is live on this agent...
         modes.clear()
-        metrics, samples = cory.evaluation.evaluate(agent, task, queries, lengths, 8, seed=0)
+        metrics, samples = cory.ppo.evaluation.evaluate(agent, task, queries, lengths, 8, seed=0)
     assert modes == [False], "evaluation sampled with dropout on"
     # ... and evaluation gives exactly what an agent without the quirk gives
     agent.config = dataclasses.replace(config, generate_in_train_mode=False)
-    plain_metrics, plain_samples = cory.evaluation.evaluate(agent, task, queries, lengths, 8, seed=0)
+    plain_metrics, plain_samples = cory.ppo.evaluation.evaluate(agent, task, queries, lengths, 8, seed=0)
     assert (metrics, samples) == (plain_metrics, plain_samples), "evaluation sampled with dropout on"
 
 
@@ -312,7 +312,9 @@ WRONG_VERSIONS: dict[Check, dict[str, Callable[[pytest.MonkeyPatch], None]]] = {
     },
     check_evaluation_samples_in_eval_mode: {
         "evaluate() samples like training": lambda mp: mp.setattr(
-            cory.evaluation, "evaluate", mutated(cory.evaluation.evaluate, ("evaluation=True", "evaluation=False"))
+            cory.ppo.evaluation,
+            "evaluate",
+            mutated(cory.ppo.evaluation.evaluate, ("evaluation=True", "evaluation=False")),
         ),
         "act() ignores evaluation=True": lambda mp: mp.setattr(
             Agent, "act", mutated(Agent.act, (" and not evaluation", ""))

@@ -1,4 +1,4 @@
-"""Hand-computed unit tests for every function in `cory.ppo_core` (docs/method.md §1.4, §1.5, §2.3–§2.8).
+"""Hand-computed unit tests for every function in `cory.ppo.core` (docs/method.md §1.4, §1.5, §2.3–§2.8).
 
 Pure maths, no model, no network. Every expected number is worked out by hand in the
 comments next to it, on small [B=2, T=3] tensors whose masks include padding. Padding positions hold large
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from cory import ppo_core as pc
+from cory.ppo import core as pc
 
 # two rows, three response columns; row 1 has one padding column
 MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])

@@ -1,4 +1,4 @@
-"""Sentiment rewards (`cory.rewards`): raw positive logits from a classifier folder, and the TF-IDF stand-in.
+"""Sentiment rewards (`cory.tasks.rewards`): raw positive logits from a classifier folder, and the TF-IDF stand-in.
 
 `ClassifierReward` is checked on a tiny random DistilBERT saved to a tmp folder (score == raw POSITIVE logit,
 label lookup by name, truncation). `TfidfSentimentReward` is trained on a hand-made CSV into a tmp cache:
@@ -16,7 +16,7 @@ import pytest
 import torch
 from fakes import save_tiny_classifier, write_reviews_csv
 
-from cory.rewards import ClassifierReward, TfidfSentimentReward
+from cory.tasks.rewards import ClassifierReward, TfidfSentimentReward
 
 
 @pytest.fixture(autouse=True)

@@ -47,14 +47,15 @@ from runners import (
 from safetensors.torch import load_file, save_file
 from test_train import check_run_folder, read_rows, smoke
 
-import cory.agent
 import cory.checkpoints
 import cory.models
+import cory.ppo.learner
 import cory.train
 from cory.algorithms.ppo import PPO
+from cory.errors import CheckpointError, NonFiniteError
 from cory.tasks.toy import ToyTask
 from cory.train import train
-from cory.trainer import CheckpointError, NonFiniteError, Trainer, latest_checkpoint
+from cory.trainer import Trainer, latest_checkpoint
 
 # Six iterations, a checkpoint every two, an evaluation every two (smoke's); CORY swaps roles every two, so a
 # swap falls after every checkpoint a resume starts from.
@@ -141,7 +142,7 @@ def test_signal_then_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path, t
 def test_crash_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, tmp_path_factory, monkeypatch):
     want = reference_rows("ppo", tmp_path_factory)
     run_dir = tmp_path / "run"
-    real_save, calls = cory.agent.Agent.save, []
+    real_save, calls = cory.ppo.learner.Agent.save, []
 
     def save_then_crash(self, directory):
         calls.append(directory)
@@ -151,13 +152,13 @@ def test_crash_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, tmp_p
             raise OSError("disk full")
         real_save(self, directory)
 
-    monkeypatch.setattr(cory.agent.Agent, "save", save_then_crash)
+    monkeypatch.setattr(cory.ppo.learner.Agent, "save", save_then_crash)
     with pytest.raises(OSError, match="disk full"):
         train(smoke(tmp_path, *overrides("ppo")), run_dir)
     assert latest_checkpoint(run_dir).name == "iter_000002"
     assert list((run_dir / "checkpoints").glob(".tmp-*"))  # the half-written one is there, and ignored
 
-    monkeypatch.setattr(cory.agent.Agent, "save", real_save)
+    monkeypatch.setattr(cory.ppo.learner.Agent, "save", real_save)
     train(smoke(tmp_path, f"resume={run_dir}"), run_dir)
     assert_same_rows(read_rows(run_dir), want)
     assert not list((run_dir / "checkpoints").glob(".tmp-*"))
@@ -234,7 +235,7 @@ def test_checkpoints_hold_no_pickle_but_the_optimizer(tmp_path):
 def test_nonfinite_rewards_skip_updates_then_stop_the_run(tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
     poisoned, skipped = [], []
-    real_save, real_learn = Trainer.save_checkpoint, cory.agent.Agent.learn
+    real_save, real_learn = Trainer.save_checkpoint, cory.ppo.learner.Agent.learn
 
     def save_then_poison(self):
         path = real_save(self)
@@ -254,7 +255,7 @@ def test_nonfinite_rewards_skip_updates_then_stop_the_run(tmp_path, monkeypatch)
 
     monkeypatch.setattr(Trainer, "save_checkpoint", save_then_poison)
     monkeypatch.setattr(ToyTask, "score", score)
-    monkeypatch.setattr(cory.agent.Agent, "learn", learn)
+    monkeypatch.setattr(cory.ppo.learner.Agent, "learn", learn)
     with pytest.raises(NonFiniteError, match=r"^3 consecutive iterations .*max_bad_iterations=3"):
         train(smoke(tmp_path, *overrides("ppo")), run_dir)
     rows = [r for r in read_rows(run_dir) if "ppo/llm1/nonfinite_skipped" in r]
@@ -270,7 +271,7 @@ def test_nonfinite_rewards_skip_updates_then_stop_the_run(tmp_path, monkeypatch)
 
 @pytest.mark.parametrize(("at", "last_good"), [(0, None), (3, "iter_000002")], ids=["first", "after-checkpoint"])
 def test_nonfinite_weights_stop_the_run_before_they_are_saved(tmp_path, monkeypatch, at, last_good):
-    real_learn, steps = cory.agent.Agent.learn, []
+    real_learn, steps = cory.ppo.learner.Agent.learn, []
 
     def learn(self, rollout, scores):
         out = real_learn(self, rollout, scores)
@@ -280,7 +281,7 @@ def test_nonfinite_weights_stop_the_run_before_they_are_saved(tmp_path, monkeypa
         steps.append(at)
         return out
 
-    monkeypatch.setattr(cory.agent.Agent, "learn", learn)
+    monkeypatch.setattr(cory.ppo.learner.Agent, "learn", learn)
     run_dir = tmp_path / "run"
     with pytest.raises(NonFiniteError) as err:
         start_run(tmp_path, run_dir, *overrides("ppo")[1:])

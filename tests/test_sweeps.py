@@ -35,9 +35,10 @@ from runners import resume_run as resume
 from runners import start_run as start
 from test_train import check_run_folder, read_rows
 
-from cory import assets, cli, rewards, runs
-from cory.config import ConfigError
+from cory import assets, cli, runs
+from cory.errors import ConfigError
 from cory.runs import RunLock
+from cory.tasks import rewards
 
 REPO = Path(__file__).resolve().parents[1]
 STAMP = r"\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d-[0-9a-f]{6}"

@@ -12,8 +12,8 @@ from typing import Protocol
 
 import torch
 
-from cory.agent import Agent
-from cory.rollout import Rollout
+from cory.ppo.learner import Agent
+from cory.ppo.rollout import Rollout
 
 
 @dataclass

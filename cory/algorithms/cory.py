@@ -1,7 +1,7 @@
 """CORY: two copies of the LLM, pioneer and observer, trained on a collective reward with role exchange.
 
 Read against the paper's Algorithm 1 (arXiv 2410.06101) and docs/method.md §1. Each agent is the PPO learner
-of `cory/agent.py`, unchanged: what CORY adds is only this orchestration.
+of `cory/ppo/learner.py`, unchanged: what CORY adds is only this orchestration.
   1. the pioneer answers the query                          (Alg. 1 l.7;  docs/method.md §1.2 step 2)
   2. the observer answers with the pioneer's answer in view (Alg. 1 l.8-9, knowledge transfer; §1.2 steps 3-4)
   3. both answers are scored on the original query          (Alg. 1 l.12-13, Eq. 4; l.13's r(s0, a1) is a typo)
@@ -19,15 +19,15 @@ from collections.abc import Callable
 
 import torch
 
-from cory.agent import Agent
 from cory.algorithms.base import StepOutput, agent_metrics, sample_rows
+from cory.ppo.learner import Agent
 from cory.tasks.base import SafeScorer, Task
 
 
 class CORY:
     """Pioneer/observer co-training of `llm1` and `llm2` (docs/method.md §1).
 
-    Built by Hydra from `conf/algorithm/cory.yaml`, the only place the switches' values are written
+    Built by Hydra from `cory/conf/algorithm/cory.yaml`, the only place the switches' values are written
     (docs/method.md §1.7); `task`, `make_agent` and `generation_batch_size` come from `cory.train`.
     """
 

@@ -32,7 +32,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from cory.config import ConfigError
+from cory.errors import ConfigError
 from cory.maft.agents import GenerationSettings
 from cory.maft.debate import (
     Chat,
@@ -49,7 +49,7 @@ from cory.maft.debate import (
 from cory.maft.metrics import critic_name, debate_metrics, embedding_metrics, gen_name, load_encoder
 from cory.maft.sft import SFTSettings
 from cory.maft.store import RunStore
-from cory.problems import Problem
+from cory.tasks.problems import Problem
 
 TRAIN, EVAL = "train", "eval"
 _STAGE = {TRAIN: 0, EVAL: 1, "sft": 2, "mix": 3, "vote": 4}

@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import torch
 
-from cory.agent import Agent
 from cory.algorithms.base import StepOutput, agent_metrics, sample_rows
+from cory.ppo.learner import Agent
 from cory.tasks.base import SafeScorer, Task
 
 

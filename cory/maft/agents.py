@@ -29,7 +29,7 @@ from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from cory import runtime
-from cory.config import ConfigError
+from cory.errors import ConfigError
 from cory.maft.debate import Chat
 from cory.maft.sft import SFTSettings, encode, render, train_sft
 

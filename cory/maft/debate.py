@@ -31,7 +31,7 @@ from decimal import Decimal
 
 import numpy as np
 
-from cory.answers import answers_equal, extract_answer
+from cory.tasks.answers import answers_equal, extract_answer
 
 Chat = list[dict[str, str]]  # [{"role": "user" | "assistant", "content": ...}, ...]
 

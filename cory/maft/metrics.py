@@ -24,8 +24,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from cory.answers import answers_equal
 from cory.maft.debate import DebateRecord
+from cory.tasks.answers import answers_equal
 
 MAFT_METRICS: dict[str, str] = {
     "maft/<split>/accuracy": "Accuracy of the final-round majority vote against the ground truth (paper's metric).",

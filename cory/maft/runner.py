@@ -27,7 +27,8 @@ from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from cory import runtime
-from cory.config import RUNNER_KEYS, ConfigError
+from cory.config import RUNNER_KEYS
+from cory.errors import ConfigError
 from cory.maft.store import RunStore, write_json_atomic
 
 RUN_CONFIG = "run_config.yaml"

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from cory.config import ConfigError
+from cory.errors import ConfigError
 from cory.maft.debate import Chat
 
 

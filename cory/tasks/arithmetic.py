@@ -15,12 +15,12 @@ from collections.abc import Sequence
 
 from transformers import PreTrainedTokenizerBase
 
-from cory.problems import arithmetic_problems
 from cory.tasks.gsm8k import ReasoningTask
+from cory.tasks.problems import arithmetic_problems
 
 
 class ArithmeticTask(ReasoningTask):
-    """Integer expressions as a `Task`, built from `conf/task/arithmetic.yaml`. `tokenizer` is unused.
+    """Integer expressions as a `Task`, built from `cory/conf/task/arithmetic.yaml`. `tokenizer` is unused.
 
     Args:
         num_train, num_eval: training / held-out problems (at most; distinct questions).

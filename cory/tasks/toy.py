@@ -14,7 +14,7 @@ from transformers import PreTrainedTokenizerBase
 class ToyTask:
     """Reward = share of response characters that are in `target`; the observer sees the pioneer's answer.
 
-    No argument has a default: `conf/task/toy.yaml` is the only place their values are written. `tokenizer` is
+    No argument has a default: `cory/conf/task/toy.yaml` is the only place their values are written. `tokenizer` is
     accepted (Hydra passes the policy tokenizer to every task) and unused: queries are plain characters.
     """
 

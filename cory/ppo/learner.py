@@ -19,12 +19,12 @@ import torch
 import yaml
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from cory import ppo_core
 from cory.distributed import world_size
 from cory.policy import PolicyWithValueHead
-from cory.rollout import Rollout, forward_logits, generate, pad, score_forward
+from cory.ppo import core as ppo_core
+from cory.ppo.rollout import Rollout, forward_logits, generate, pad, score_forward
 
-# The learner block's only written values: `conf/algorithm/ppo.yaml` (experiments change them by small diffs).
+# The learner block's only written values: `cory/conf/algorithm/ppo.yaml` (experiments change them by small diffs).
 LEARNER_YAML = Path(__file__).resolve().parents[1] / "conf" / "algorithm" / "ppo.yaml"
 
 
@@ -32,7 +32,7 @@ LEARNER_YAML = Path(__file__).resolve().parents[1] / "conf" / "algorithm" / "ppo
 class PPOConfig:
     """Learner hyperparameters: the `algorithm.agent` block, identical for PPO and CORY (docs/method.md §2).
 
-    No field has a default: the numbers live in `conf/algorithm/ppo.yaml` (and the experiments' diffs) only, so a
+    No field has a default: the numbers live in `cory/conf/algorithm/ppo.yaml` (and the experiments' diffs) only, so a
     changed YAML value cannot silently differ from code that builds this class. Outside Hydra (scripts, tests),
     `PPOConfig.from_yaml(**overrides)` reads that block.
     """
@@ -64,7 +64,7 @@ class PPOConfig:
 
     @classmethod
     def from_yaml(cls, **overrides: object) -> PPOConfig:
-        """The `agent:` block of `conf/algorithm/ppo.yaml` with `overrides` (code that runs without Hydra)."""
+        """The `agent:` block of `cory/conf/algorithm/ppo.yaml` with `overrides` (code that runs without Hydra)."""
         block = yaml.safe_load(LEARNER_YAML.read_text(encoding="utf-8"))["agent"]
         return cls(**(block | overrides))
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from cory import ppo_core
+from cory.ppo import core as ppo_core
 
 
 @dataclass

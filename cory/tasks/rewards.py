@@ -29,7 +29,8 @@ from scipy import sparse
 from sklearn.feature_extraction.text import CountVectorizer
 from sklearn.preprocessing import normalize
 
-from cory.hub import AssetUnavailableError, from_pretrained_or_fail
+from cory.errors import AssetUnavailableError
+from cory.hub import from_pretrained_or_fail
 
 
 class ClassifierReward:

@@ -1,7 +1,7 @@
 """Math word problems with exact answers: the data of the GSM8K-style tasks and of Multiagent Finetuning.
 
 Three sources, each giving `Problem(question, answer, solution)` with `answer` a normalised number string
-(`cory.answers`) and `solution` a worked solution where the source has one (used for one-shot prompts), else "":
+(`cory.tasks.answers`) and `solution` a worked solution where the source has one (used for one-shot prompts), else "":
 
 - `gsm8k_problems(split, name_or_path)`: `openai/gsm8k` ("main": 7,473 train / 1,319 test) from the Hub or a local
   copy (a folder or json/jsonl/parquet/csv files with `question` and `answer` columns, the answer field ending in
@@ -23,8 +23,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from cory.answers import parse_ground_truth
 from cory.hub import load_dataset_or_fail
+from cory.tasks.answers import parse_ground_truth
 
 _GSM_SYMBOLIC_SUFFIX = "Give the result as your final answer. Do not include units."
 _LOCAL_FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from cory.agent import Agent
+from cory.ppo.learner import Agent
 from cory.tasks.base import SafeScorer, Task
 
 
