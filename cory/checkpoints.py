@@ -1,7 +1,9 @@
 """Checkpoint files: atomic writes, and reads that refuse a damaged, foreign or non-finite checkpoint in one line.
 
-A checkpoint `checkpoints/iter_<k>/` holds each agent's folder (`Agent.save`), the torch RNG states
-(safetensors) and `trainer.json`, written last. It is written into a temporary sibling and renamed, so a
+A checkpoint `checkpoints/iter_<k>/` holds the algorithm's folder `algorithm/` (whatever its `save` writes: for
+PPO and CORY each agent's folder, `Agent.save`), the torch RNG states (safetensors) and `trainer.json`, written
+last. The helpers `check_files`, `damaged` and `refuse_nonfinite` are what an algorithm's `load` uses to refuse
+its own files in the same one-line way. It is written into a temporary sibling and renamed, so a
 crash mid-write leaves the previous checkpoint intact. Reading checks, before anything is restored or any log
 is truncated: `trainer.json` has every key, no file is empty, nothing pickled other than tensors is loaded
 (`torch.load(weights_only=True)`), and every loaded weight and optimiser tensor is finite.
@@ -14,7 +16,7 @@ import json
 import os
 import pickle
 import shutil
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import torch
@@ -23,14 +25,12 @@ from safetensors.torch import load_file, save_file
 from cory import runtime
 from cory.errors import CheckpointError
 
-CHECKPOINT_FORMAT = 2  # 2: trainer.json records samples_lines (older checkpoints are refused, not misread)
+ALGORITHM_DIR = "algorithm"
+CHECKPOINT_FORMAT = 3  # 3: the algorithm owns `algorithm/` (older checkpoints are refused, not misread)
 STATE_KEYS = (  # what trainer.json must hold (`pending_eval` is optional: older checkpoints have none)
     "format",
     "iteration",
-    "agents",
-    "algorithm",
     "rng",
-    "reseed_at",
     "bad_streak",
     "nonfinite_iterations",
     "metrics_lines",
@@ -44,15 +44,17 @@ STATE_KEYS = (  # what trainer.json must hold (`pending_eval` is optional: older
 _FALLBACK = "delete that checkpoint folder and resume again to continue from the one before it (or from the start)"
 
 
-def write_checkpoint(final: Path, agents: Mapping, state: dict, keep: int) -> None:
-    """Write `final` atomically (temporary folder + rename) and keep only the last `keep` checkpoints."""
+def write_checkpoint(final: Path, save_algorithm: Callable[[Path], None], state: dict, keep: int) -> None:
+    """Write `final` atomically (temporary folder + rename) and keep only the last `keep` checkpoints.
+
+    `save_algorithm(folder)` writes the algorithm's part into `final/algorithm` (`Algorithm.save`)."""
     root = final.parent
     tmp = root / f".tmp-{final.name}-{os.getpid()}"
     for stale in root.glob(".tmp-*"):  # left by a crash mid-write; one process writes a run's checkpoints
         shutil.rmtree(stale, ignore_errors=True)
     tmp.mkdir(parents=True)
-    for agent_id, agent in agents.items():
-        agent.save(tmp / "agents" / agent_id)
+    (tmp / ALGORITHM_DIR).mkdir()
+    save_algorithm(tmp / ALGORITHM_DIR)
     save_file(runtime.torch_rng_states(), str(tmp / "torch_rng.safetensors"))
     (tmp / "trainer.json").write_text(json.dumps(state))  # written last: its presence marks completeness
     shutil.rmtree(final, ignore_errors=True)
@@ -77,21 +79,21 @@ def read_state(path: Path) -> dict:
 def load_torch_rng(checkpoint: Path) -> dict[str, torch.Tensor]:
     """The torch RNG states saved with the checkpoint."""
     path = checkpoint / "torch_rng.safetensors"
-    with _damaged(path, checkpoint):
+    with damaged(path, checkpoint):
         return load_file(str(path))
 
 
-def load_agent(agent, folder: Path, checkpoint: Path) -> None:
-    """`agent.load(folder)`, then every loaded weight and optimiser tensor must be finite."""
+def check_files(folder: Path, checkpoint: Path) -> None:
+    """Every file under `folder` is non-empty (a 0-byte file is the mark of a full disk or a kill mid-write)."""
     for f in sorted(folder.rglob("*")) if folder.is_dir() else []:
         if f.is_file() and f.stat().st_size == 0:
             raise CheckpointError(
                 f"checkpoint {checkpoint} is damaged: {f.relative_to(checkpoint)} is empty (0 bytes); {_FALLBACK}"
             )
-    with _damaged(folder, checkpoint):
-        agent.load(folder)
-    tensors = {f"weight {n}": t for n, t in agent.policy.state_dict().items()}
-    tensors |= {f"optimizer state {n}": t for n, t in _tensors(agent.optimizer.state_dict()["state"])}
+
+
+def refuse_nonfinite(tensors: Mapping[str, torch.Tensor], folder: Path, checkpoint: Path) -> None:
+    """Every floating-point tensor loaded from `folder` is finite (a NaN weight cannot be trained out)."""
     bad = [name for name, t in tensors.items() if t.is_floating_point() and not torch.isfinite(t).all()]
     if bad:
         shown = ", ".join(bad[:3]) + (", ..." if len(bad) > 3 else "")
@@ -99,6 +101,11 @@ def load_agent(agent, folder: Path, checkpoint: Path) -> None:
             f"checkpoint {checkpoint} holds non-finite values in {folder.relative_to(checkpoint)} ({shown}), so the "
             f"run cannot continue from it; {_FALLBACK}"
         )
+
+
+def tensors_of(state: Mapping, prefix: str) -> dict[str, torch.Tensor]:
+    """The tensors of a nested state dict (an optimiser's), named `prefix.key.subkey`."""
+    return {f"{prefix} {n}": t for n, t in _tensors(dict(state))}
 
 
 def _tensors(node, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
@@ -110,7 +117,7 @@ def _tensors(node, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
 
 
 @contextlib.contextmanager
-def _damaged(what: Path, checkpoint: Path) -> Iterator[None]:
+def damaged(what: Path, checkpoint: Path) -> Iterator[None]:
     """Any failure while reading a checkpoint file is one `CheckpointError` naming it. A file that holds pickled
     objects other than tensors is refused as such: nothing from a checkpoint is ever unpickled."""
     try:

@@ -4,13 +4,16 @@ Each failure is one line naming the key, its value and what is allowed (`python 
 `error: ...` and exits with code 2). In order:
 
 1. every number anywhere in the config is finite (no `inf`, no `nan`);
-2. types, derived from the code rather than restated here: the run-level keys against `RunSettings`, the
-   learner block against `PPOConfig`, and every `_target_`'s keys against its signature's annotations;
-3. ranges and combinations (minibatches dividing the batch, response lengths, γ and λ in [0, 1], ...);
+2. types, derived from the code rather than restated here: the run-level keys against `RunSettings`, the hardware
+   keys against `HardwareSettings`, and every `_target_`'s keys (the algorithm's, its learner's, the task's, ...)
+   against its signature's annotations, so a new learner or task needs no edit here;
+3. ranges: the run-level ones here; a component's own ranges are checked by its constructor when the algorithm
+   node is built (cheaply: `_partial_` nodes and dataclasses, no model), e.g. `PPOConfig.__post_init__`;
 4. local inputs: a local model folder, data files (present, not empty, with the columns their reader needs),
    observer templates (only `{query}` and `{response}`).
 
-Constructors do not repeat these checks: a value is checked here, once.
+A combination that needs the run (the learner's minibatches dividing `batch_size`) is checked by the algorithm's
+constructor before it asks for the model.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from cory.errors import ConfigError
-from cory.ppo.core import KL_ESTIMATORS
+from cory.settings import HardwareSettings, RunSettings
 
 # Columns each CSV reader needs, by the target that reads `data_files` (shown in the message with the optional ones).
 CSV_COLUMNS = {
@@ -41,14 +44,6 @@ CSV_COLUMNS = {
     "cory.tasks.rewards.TfidfSentimentReward": (("text", "label"), "text,label[,source]"),
 }
 TEMPLATE_FIELDS = ("query", "response")
-# Keys of the `algorithm` group read by the entry point, not by its `_target_`: PPO and CORY's learner block, or,
-# for an algorithm with its own loop (MAFT), the function that runs it (`runner`) and the weights it builds. Such an
-# algorithm ignores a learner block: the default experiment (quickstart) sets one, and `algorithm=maft` on the
-# command line must not fail on keys it never chose.
-LEARNER_KEYS = ("agent",)
-RUNNER_KEYS = ("runner", "agent_models", *LEARNER_KEYS)
-# The hardware group has no target: its keys are read by `cory.train` (a key absent from an option is not checked).
-HARDWARE_TYPES = {"device": str, "precision": str, "forward_batch_size": int, "generation_batch_size": int}
 
 
 def _check(ok: bool, message: str) -> None:
@@ -64,24 +59,34 @@ def validate(cfg: DictConfig) -> None:
 
     # the algorithm's keys first: an experiment written for another algorithm (MAFT's keys under algorithm=ppo)
     # is named as such, not reported through a value check its keys were never meant for
-    skips = {"algorithm": LEARNER_KEYS if has_learner(cfg) else RUNNER_KEYS, "model": HANDLE_KEYS}
-    _check_target(cfg.algorithm, "algorithm", skip=skips["algorithm"])
-    if has_learner(cfg):
-        _check_agent(cfg)
+    _check_target(cfg.algorithm, "algorithm")
     _check_task_and_hardware(cfg)
     _check_model(cfg)
     if cfg.logger.get("_target_", "").endswith("WandbLogger"):
         _check(importlib.util.find_spec("wandb") is not None, "logger=wandb but wandb is not installed")
     # a typo'd key, a wrong `_target_` or a value of the wrong type would otherwise fail after the model loads
-    for group in ("model", "task", "logger"):
-        _check_target(cfg[group], group, skip=skips.get(group, ()))
+    for group, skip in (("model", HANDLE_KEYS), ("task", ()), ("logger", ())):
+        _check_target(cfg[group], group, skip=skip)
     _check_local_inputs(cfg)
+    _build_algorithm_node(cfg)
 
 
-def has_learner(cfg: DictConfig) -> bool:
-    """PPO and CORY train through the PPO learner (`algorithm.agent`); an algorithm with its own loop names a
-    `runner` instead (MAFT) and ignores a learner block (`RUNNER_KEYS`)."""
-    return not cfg.algorithm.get("runner")
+def _build_algorithm_node(cfg: DictConfig) -> None:
+    """Build the algorithm's partial (its learner and settings objects, never a model): their constructors check
+    their own ranges, and a failure is one line here, before anything loads."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    try:
+        instantiate(cfg.algorithm, _convert_="all")
+    except InstantiationException as err:
+        cause = err.__cause__
+        if isinstance(cause, ConfigError):
+            raise cause from None
+        if isinstance(cause, (TypeError, ValueError)):
+            first = " ".join(str(cause).split())
+            raise ConfigError(f"algorithm ({cfg.algorithm._target_}): {first}") from None
+        raise
 
 
 def _resolved(cfg: DictConfig) -> Any:
@@ -171,8 +176,6 @@ def _show(value: Any) -> str:
 
 # ---------------------------------------------------------------------------------------------------------- ranges
 def _check_run(cfg: DictConfig) -> None:
-    from cory.trainer import RunSettings  # here, not at import: the trainer imports this module
-
     _check_types(cfg, _hints(RunSettings), "")
     _check(0 <= cfg.seed < 2**32, f"seed={cfg.seed}: must be in [0, 2^32) (numpy's seed range)")
     _check(cfg.iterations >= 1, f"iterations={cfg.iterations}: must be >= 1")
@@ -189,37 +192,8 @@ def _check_run(cfg: DictConfig) -> None:
         _check(Path(cfg.resume).is_dir(), f"resume={cfg.resume}: no such run folder")
 
 
-def _check_agent(cfg: DictConfig) -> None:
-    from cory.ppo.learner import PPOConfig  # here, not at import: `cory.ppo.learner` pulls in transformers
-
-    a = cfg.algorithm.agent
-    _check_keys(a, "algorithm.agent", [f.name for f in dataclasses.fields(PPOConfig)], "the PPO learner")
-    _check_types(a, _hints(PPOConfig), "algorithm.agent.")
-    _check(a.learning_rate > 0, f"algorithm.agent.learning_rate={a.learning_rate}: must be > 0")
-    _check(a.init_kl_coef >= 0, f"algorithm.agent.init_kl_coef={a.init_kl_coef}: must be >= 0")
-    _check(a.kl_penalty in KL_ESTIMATORS, f"algorithm.agent.kl_penalty={a.kl_penalty!r}: allowed {KL_ESTIMATORS}")
-    _check(a.ppo_epochs >= 1, f"algorithm.agent.ppo_epochs={a.ppo_epochs}: must be >= 1")
-    for key in ("gamma", "lam"):  # discount and GAE λ
-        _check(0 <= a[key] <= 1, f"algorithm.agent.{key}={a[key]}: must be in [0, 1]")
-    _check(
-        a.mini_batch_size >= 1 and a.gradient_accumulation_steps >= 1,
-        "algorithm.agent.mini_batch_size and gradient_accumulation_steps must be >= 1",
-    )
-    backward = a.mini_batch_size * a.gradient_accumulation_steps
-    _check(
-        cfg.batch_size % backward == 0,
-        f"algorithm.agent.mini_batch_size × gradient_accumulation_steps = {backward} must divide "
-        f"batch_size={cfg.batch_size}",
-    )
-    _check(0 <= a.cliprange and 0 <= a.cliprange_value, "algorithm.agent.cliprange(_value) must be >= 0")
-    _check(a.kl_target > 0 and a.kl_horizon > 0, "algorithm.agent.kl_target and kl_horizon must be > 0")
-    if "swap_period" in cfg.algorithm:
-        swap = cfg.algorithm.swap_period
-        _check(type_problem(swap, int) is None and swap >= 1, f"algorithm.swap_period={swap}: must be an integer >= 1")
-
-
 def _check_task_and_hardware(cfg: DictConfig) -> None:
-    if has_learner(cfg) or "max_new_tokens" in cfg.task:  # MAFT's generation length is its own key
+    if "max_new_tokens" in cfg.task:  # [min, max] of the per-iteration draw (MAFT's length is its own key)
         span = cfg.task.get("max_new_tokens")
         _check(
             isinstance(span, ListConfig) and len(span) == 2 and all(type_problem(v, int) is None for v in span),
@@ -227,11 +201,6 @@ def _check_task_and_hardware(cfg: DictConfig) -> None:
         )
         lo, hi = span
         _check(1 <= lo <= hi, f"task.max_new_tokens=[{lo}, {hi}]: need 1 <= min <= max")
-    num_train = cfg.task.get("num_train")
-    _check(
-        num_train is None or not has_learner(cfg) or num_train >= cfg.batch_size,
-        f"task.num_train={num_train}: must be >= batch_size={cfg.batch_size} (one batch per iteration)",
-    )
     if "source" in cfg.task:  # each task class lists its data sources (`SOURCES`)
         try:
             sources = get_object(cfg.task._target_).SOURCES
@@ -241,7 +210,7 @@ def _check_task_and_hardware(cfg: DictConfig) -> None:
             allowed = ", ".join(sources)
             _check(cfg.task.source in sources, f"task.source={cfg.task.source!r}: allowed {allowed}")
     hw = cfg.hardware
-    _check_types(hw, HARDWARE_TYPES, "hardware.")
+    _check_types(hw, _hints(HardwareSettings), "hardware.")
     _check(hw.precision in ("fp32", "bf16", "fp16"), f"hardware.precision={hw.precision!r}: allowed fp32, bf16, fp16")
     if hw.device != "auto":
         try:

@@ -39,11 +39,11 @@ def init_from_env(device: torch.device) -> torch.device:
     return device
 
 
-def weights_in_sync(module: torch.nn.Module) -> bool:
+def weights_in_sync(tensors: list[torch.Tensor]) -> bool:
     """True when every process holds the same weights (a cheap checksum compared across ranks)."""
     if world_size() == 1:
         return True
-    total = torch.stack([p.detach().double().sum() for p in module.parameters()]).sum().reshape(1)
+    total = torch.stack([p.detach().double().sum() for p in tensors]).sum().reshape(1)
     gathered = [torch.zeros_like(total) for _ in range(world_size())]
     dist.all_gather(gathered, total)
     return all(torch.allclose(g, gathered[0], rtol=0, atol=1e-6) for g in gathered)

@@ -22,7 +22,7 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from cory.loggers import ROLES, eval_key, role_key, train_key
+from cory.metrics import ROLES, eval_key, role_key, train_key
 
 Series = dict[str, tuple[list[int], list[float]]]
 

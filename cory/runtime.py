@@ -97,3 +97,14 @@ def git_sha() -> str | None:
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+def all_finite(tensors: list[torch.Tensor]) -> bool:
+    """Whether every element of every tensor is finite (no inf, no NaN): each tensor's min and max are finite.
+
+    `aminmax` reads each tensor once and propagates NaN; `torch.isfinite(x).all()` writes a mask of x's size
+    first (9× slower on GPT-2's gradients), a max-norm has no vectorised kernel (5×), and a 2-norm or a sum can
+    overflow to inf on finite values.
+    """
+    extremes = [torch.stack(torch.aminmax(x)).float() for x in tensors if x.numel()]
+    return not extremes or bool(torch.isfinite(torch.stack(extremes)).all())  # one device sync for all tensors

@@ -8,71 +8,25 @@ run there with its own config, changed only where the resume command says so and
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
 from collections.abc import Callable, Sequence
-from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import HydraException, InstantiationException
+from hydra.errors import HydraException
 from hydra.types import RunMode
-from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from cory import cli, distributed, runs, runtime
+from cory import build, cli, distributed, runs, runtime
 from cory.checkpoints import latest_checkpoint, read_state, truncate_lines
 from cory.config import validate
 from cory.errors import USER_ERRORS, ConfigError, one_line
-from cory.trainer import RunSettings, Trainer
-
-if TYPE_CHECKING:
-    from cory.policy import Backbone
-
-
-def load_model(model_cfg: DictConfig):
-    """(model, tokenizer) from the `model` config's loader: its `_target_` with every key but `HANDLE_KEYS`."""
-    from cory.policy import HANDLE_KEYS
-
-    node = OmegaConf.to_container(model_cfg, resolve=True)  # resolved first: `${cache_dir}` lives at the top
-    return _instantiate({k: v for k, v in node.items() if k not in HANDLE_KEYS})
-
-
-def build_backbone(model_cfg: DictConfig, device) -> Backbone:
-    """The `model` config: the loaded model and how agents attach to it (`lora`, `add_special_tokens`; absent
-    keys mean full fine-tuning and no special tokens)."""
-    from cory.policy import Backbone, LoraSettings
-
-    model, tokenizer = load_model(model_cfg)
-    block = model_cfg.get("lora")
-    lora = LoraSettings.from_block(OmegaConf.to_container(block, resolve=True) if block is not None else {})
-    return Backbone(model, tokenizer, lora, bool(model_cfg.get("add_special_tokens", False)), device)
-
-
-def build_agent(name: str, *, backbone: Backbone, reference, cfg: DictConfig, device, seed: int):
-    """A fresh agent on `backbone`: its own full copy or LoRA adapter, value head, optimiser and KL controller.
-    Initial weights are drawn from `cfg.seed` alone (the same on every rank), so CORY's two agents start
-    identical; each agent's minibatch permutations come from its own stream `seed + index`."""
-    from cory.ppo.learner import Agent, PPOConfig
-
-    index = len(backbone.handles)
-    return Agent(
-        name,
-        backbone.policy(name, init_seed=cfg.seed),
-        reference,
-        backbone.tokenizer,
-        PPOConfig(**OmegaConf.to_container(cfg.algorithm.agent)),
-        seed=seed + index,
-        device=device,
-        autocast_dtype=runtime.autocast_dtype(cfg.hardware.precision),
-        forward_batch_size=cfg.hardware.forward_batch_size,
-        add_special_tokens=backbone.add_special_tokens,
-    )
+from cory.settings import RunSettings
+from cory.trainer import Trainer
 
 
 def train(cfg: DictConfig, run_dir: Path, overrides: Sequence[str] = ()) -> dict:
@@ -103,37 +57,17 @@ def train(cfg: DictConfig, run_dir: Path, overrides: Sequence[str] = ()) -> dict
                 for key, (old, new) in changes.items():
                     print(f"[cory] resume changes {key}: {old} → {new} (recorded in {run_dir / runs.STARTS})")
 
-        runner = cfg.algorithm.get("runner")  # an algorithm with its own loop names it (MAFT); else PPO/CORY's
-        if runner:
-            return get_object(runner)(cfg, run_dir, record_start=record_start)
         return _train(cfg, run_dir, resuming, record_start)
 
 
 def _train(cfg: DictConfig, run_dir: Path, resuming: bool, record_start: Callable[[int], None]) -> dict:
-    """Build everything, restore the checkpoint when resuming, record the start (`record_start(iteration)`),
-    train, plot and print the summary."""
-    seed = runtime.seed_everything(cfg.seed, cfg.hardware.get("deterministic", False))
-    device = distributed.init_from_env(runtime.resolve_device(cfg.hardware.device))  # accelerate/torchrun
-
-    backbone = build_backbone(cfg.model, device)  # the weights are loaded once
-    reference = backbone.reference()  # π0: a frozen copy, or the LoRA base with adapters disabled
-    task = _instantiate(cfg.task, tokenizer=backbone.tokenizer, _convert_="all")
-    make_agent = partial(build_agent, backbone=backbone, reference=reference, cfg=cfg, device=device, seed=seed)
-    algo_cfg = OmegaConf.masked_copy(cfg.algorithm, [k for k in cfg.algorithm if k != "agent"])
-    algorithm = _instantiate(algo_cfg, _convert_="all")(
-        task=task, make_agent=make_agent, generation_batch_size=cfg.hardware.generation_batch_size
-    )
-
-    run_info = {
-        "algorithm": cfg.algorithm._target_.rsplit(".", 1)[-1].lower(),
-        "kl_coef": cfg.algorithm.agent.init_kl_coef,
-        "seed": cfg.seed,
-        "task": task.name,
-        "model": _choice("model"),
-        "git_sha": runtime.git_sha(),
-    }
-    settings = RunSettings(**{f.name: cfg[f.name] for f in dataclasses.fields(RunSettings)})
-    trainer = Trainer(algorithm, task, logger=None, run_dir=run_dir, settings=settings, run_info=run_info)
+    """Build the run, restore the checkpoint when resuming, record the start (`record_start(iteration)`), train
+    and print the summary."""
+    context = build.build_context(cfg, run_dir)
+    algorithm = build.build_algorithm(cfg, context)  # checks its own settings, then loads the model it needs
+    info = build.run_info(cfg, algorithm, context, _choice("model"))
+    settings = RunSettings.from_config(cfg)
+    trainer = Trainer(algorithm, None, run_dir, settings, info, context.device)
     if resuming:
         checkpoint = latest_checkpoint(run_dir)
         if checkpoint is not None:  # checked whole before anything changes: a refusal leaves the folder as it was
@@ -146,9 +80,9 @@ def _train(cfg: DictConfig, run_dir: Path, resuming: bool, record_start: Callabl
     record_start(trainer.iteration)  # only a start that got this far is one
     with runtime.rng_untouched():  # wandb.init may draw random numbers; the run's streams must not move
         trainer.logger = (
-            _make_logger(cfg, run_dir, trainer.run_info, trainer.wandb_run_id)
+            build.make_logger(cfg, run_dir, trainer.run_info, trainer.wandb_run_id)
             if distributed.is_main()
-            else NullLogger()
+            else build.NullLogger()
         )
     trainer.wandb_run_id = getattr(trainer.logger, "run_id", None)
     try:
@@ -156,60 +90,10 @@ def _train(cfg: DictConfig, run_dir: Path, resuming: bool, record_start: Callabl
     finally:
         trainer.logger.close()
     if distributed.is_main():
-        from cory.plotting import plot_curves
-
-        plot_curves(run_dir / "metrics.jsonl", run_dir / "curves.png")
-        _print_summary(summary, run_dir)
+        lines = [f"[cory] run folder: {run_dir}", *(f"[cory] {line}" for line in trainer.report_lines)]
+        print("\n".join([*lines, f"[cory] wall time {summary['wall_time_s']:.0f} s"]), flush=True)
     distributed.close()
     return summary
-
-
-class NullLogger:
-    """What processes other than rank 0 log to."""
-
-    run_id = None
-
-    def log(self, metrics: dict[str, float], step: int) -> None:
-        pass
-
-    def log_table(self, name: str, rows: list[dict], step: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _instantiate(node: DictConfig, **kwargs):
-    """`hydra.utils.instantiate`, re-raising our one-line user errors that Hydra wraps in its own exception. A
-    constructor's ValueError is its verdict on an input (too few reviews for the held-out slice, ...): one line
-    naming the target."""
-    try:
-        return instantiate(node, **kwargs)
-    except InstantiationException as err:
-        if isinstance(err.__cause__, USER_ERRORS):
-            raise err.__cause__ from None
-        if isinstance(err.__cause__, ValueError):
-            raise ConfigError(f"{node._target_}: {one_line(err.__cause__)}") from None
-        raise
-
-
-def _make_logger(cfg: DictConfig, run_dir: Path, run_info: dict, run_id: str | None):
-    """The `logger` group's target with the run-time arguments. Called directly, not through `instantiate`:
-    its `config` argument would clash with `instantiate(config, ...)` and its nested `_target_`s would be built."""
-    kwargs = {k: v for k, v in OmegaConf.to_container(cfg.logger, resolve=True).items() if not k.startswith("_")}
-    kwargs["run_dir"] = str(run_dir)
-    if "WandbLogger" in cfg.logger._target_:
-        from cory.callbacks import run_identity, wandb_group, wandb_tags
-
-        choices, overrides = run_identity(run_dir)  # as first started: a resumed run keeps its group and tags
-        kwargs |= dict(
-            config=OmegaConf.to_container(cfg, resolve=True) | {"git_sha": run_info["git_sha"]},
-            run_id=run_id,
-            name=f"{run_info['algorithm']}-kl{run_info['kl_coef']}-s{run_info['seed']}",
-            tags=wandb_tags(choices, overrides, [f"{k}={run_info.get(k)}" for k in ("model", "task", "algorithm")]),
-            group=wandb_group(cfg, choices),  # a sweep's runs side by side, else an experiment's
-        )
-    return get_object(cfg.logger._target_)(**kwargs)
 
 
 def _resume_config(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> tuple[DictConfig, dict, list[str]]:
@@ -261,19 +145,6 @@ def _choice(group: str) -> str | None:
         return HydraConfig.get().runtime.choices.get(group)
     except ValueError:  # called outside Hydra (tests use the compose API)
         return None
-
-
-def _print_summary(summary: dict, run_dir: Path) -> None:
-    lines = [f"[cory] run folder: {run_dir}"]
-    for agent_id, final in summary.get("agents", {}).items():
-        before = summary.get("initial", {}).get(agent_id, {})
-        lines.append(
-            f"[cory] {agent_id}: held-out task reward {before.get('task_reward', float('nan')):.3f} → "
-            f"{final['task_reward']:.3f}, KL {before.get('kl', float('nan')):.3f} → {final['kl']:.3f}, "
-            f"combined {before.get('combined_reward', float('nan')):.3f} → {final['combined_reward']:.3f}"
-        )
-    lines.append(f"[cory] wall time {summary['wall_time_s']:.0f} s")
-    print("\n".join(lines))
 
 
 def run_reporting_errors(cfg: DictConfig, run_dir: Path, overrides: Sequence[str], job_log: str) -> dict | str:

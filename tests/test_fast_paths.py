@@ -1,6 +1,6 @@
 """The learner's fast paths keep its numbers (README, cost section): each check fails on the slow or wrong variant.
 
-- `ppo_core.all_finite`, the finite-gradient and finite-weight check, flags one inf or NaN anywhere and nothing
+- `runtime.all_finite`, the finite-gradient and finite-weight check, flags one inf or NaN anywhere and nothing
   else (huge finite values included, where a 2-norm or a sum would overflow);
 - the agent steps torch's fused Adam on a CPU, whose weights stay within float32 rounding of the default
   implementation's over several updates;
@@ -21,9 +21,9 @@ import pytest
 import torch
 from from_config import learner
 
+from cory import runtime
 from cory.models import build_tiny_gpt2, build_tiny_llama, make_reference
 from cory.policy import Backbone, LoraSettings
-from cory.ppo import core as ppo_core
 from cory.ppo.learner import Agent
 
 CFG = learner(learning_rate=1e-3, mini_batch_size=2, ppo_epochs=2)
@@ -53,21 +53,21 @@ def test_all_finite_flags_one_bad_element_wherever_it_is(bad):
         for i in range(n):
             x = torch.randn(n)
             x[i] = bad
-            assert not ppo_core.all_finite([torch.ones(3), x]), (n, i)
+            assert not runtime.all_finite([torch.ones(3), x]), (n, i)
     big = torch.randn(3_000_000)
     for i in (0, 1_234_567, 2_999_999):
         y = big.clone()
         y[i] = bad
-        assert not ppo_core.all_finite([y])
-        assert not ppo_core.all_finite([y.view(3, -1).t()])  # a non-contiguous view
-        assert not ppo_core.all_finite([y.to(torch.bfloat16)])
+        assert not runtime.all_finite([y])
+        assert not runtime.all_finite([y.view(3, -1).t()])  # a non-contiguous view
+        assert not runtime.all_finite([y.to(torch.bfloat16)])
 
 
 def test_all_finite_passes_every_finite_tensor():
     huge = torch.full((1000,), 3.0e38)  # finite, but its 2-norm and its sum overflow to inf
     assert torch.isinf(torch.linalg.vector_norm(huge)) and torch.isinf(huge.sum())
-    assert ppo_core.all_finite([huge, -huge, torch.zeros(5), torch.randn(4, 4).to(torch.bfloat16)])
-    assert ppo_core.all_finite([]) and ppo_core.all_finite([torch.zeros(0), torch.ones(2)])
+    assert runtime.all_finite([huge, -huge, torch.zeros(5), torch.randn(4, 4).to(torch.bfloat16)])
+    assert runtime.all_finite([]) and runtime.all_finite([torch.zeros(0), torch.ones(2)])
 
 
 # ----------------------------------------------------------------------------------------------- fused Adam

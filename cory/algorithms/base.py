@@ -1,108 +1,131 @@
-"""What an algorithm is to the trainer: agents plus one `step` per iteration.
+"""The contract between the trainer and an algorithm: the `Algorithm` protocol and the `RunContext` it is built with.
 
-`Algorithm` is a Protocol with no shared implementation; `agent_metrics` is the one helper both PPO and CORY
-use, so their logged quantities are the same by construction (docs/method.md §6). Every name it emits is
-defined in `cory.loggers.METRICS`.
+The trainer (`cory.trainer`), the checkpoints and the entry point know an algorithm only through this protocol; they
+never read its agents, learners or hyperparameters. An algorithm is a `_target_` with `_partial_: true` in
+`cory/conf/algorithm/<name>.yaml`; the entry point completes it with `context=RunContext(...)`. Everything the
+algorithm needs from the run (settings, hardware, the run folder, the model, the task) comes through that context,
+lazily: the model loads only when the algorithm first asks for it, after it has checked its own settings, so a bad
+value costs seconds, not a model load.
+
+    algorithm = instantiate(cfg.algorithm)(context=context)     # cory.build.build_algorithm
+    algorithm.evaluate(0, final=True, ...)                      # before training
+    for k in range(iterations):
+        out = algorithm.step(k)                                 # one iteration: metrics, samples, nonfinite flag
+        algorithm.evaluate(k + 1, ...) when due                 # held-out metrics
+        algorithm.save(folder) when due                         # checkpoint contents (resume: algorithm.load)
+    algorithm.report(rows, run_dir)                             # summary fields, console lines, figures
+
+docs/extending.md shows how to add an algorithm, a learner, a task or a reward with new files only.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 
-from cory.ppo.learner import Agent
-from cory.ppo.rollout import Rollout
+from cory.settings import HardwareSettings, RunSettings
 
 
 @dataclass
 class StepOutput:
-    """One iteration's metrics, a few sample rows, and whether the run must reseed its RNGs (official swap)."""
+    """One training iteration, as the algorithm reports it.
+
+    Attributes:
+        metrics: every logged scalar of the iteration (names defined in the algorithm's metric catalogue).
+        samples: a few rows for the `train/samples` table.
+        nonfinite: the iteration met a non-finite loss, reward or KL (its update was skipped); the trainer counts
+            consecutive ones against `max_bad_iterations` and never checkpoints such an iteration.
+        headline: the few numbers for the progress bar and the per-iteration log line (reward, KL, β per agent).
+    """
 
     metrics: dict[str, float]
     samples: list[dict] = field(default_factory=list)
-    reseed: bool = False
+    nonfinite: bool = False
+    headline: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class EvalOutput:
+    """One held-out evaluation: its metrics (`eval/...`) and named sample tables."""
+
+    metrics: dict[str, float]
+    tables: list[tuple[str, list[dict]]] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    """What a finished (or stopped) run reports: fields merged into `summary.json` and lines for the console."""
+
+    summary: dict[str, Any]
+    lines: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RunContext:
+    """What the entry point hands an algorithm (`cory.build`). The callables load on first use and cache.
+
+    Attributes:
+        settings: run-level keys (iterations, batch size, seed, evaluation sizes).
+        hardware: device, precision, micro-batch sizes.
+        device: the resolved torch device.
+        run_dir: the run folder (an algorithm may keep its own files under it; the trainer owns the rest).
+        load_model: `() -> (model, tokenizer)`, the `model` group's loader output (loaded once).
+        backbone: `() -> cory.policy.Backbone`, the loaded model with the agents' handles (LoRA or full copies).
+        task: `() -> Task`, the `task` group built with the model's tokenizer.
+    """
+
+    settings: RunSettings
+    hardware: HardwareSettings
+    device: torch.device
+    run_dir: Path
+    load_model: Callable[[], tuple[Any, Any]]
+    backbone: Callable[[], Any]
+    task: Callable[[], Any]
 
 
 class Algorithm(Protocol):
-    agents: dict[str, Agent]
+    """What the trainer calls, and nothing else."""
 
-    def step(self, queries: list[str], max_new_tokens: int, iteration: int) -> StepOutput: ...
+    def describe(self) -> dict[str, Any]:
+        """The run's identity for names, tags and `summary.json`: at least `{"algorithm": <name>}` plus the few
+        values that tell runs of a sweep apart (CORY/PPO: `kl_coef`)."""
+        ...
 
-    def state_dict(self) -> dict: ...
+    def step(self, iteration: int) -> StepOutput:
+        """Training iteration `iteration` (0-based); everything it draws is seeded by (seed, iteration) or held
+        in the algorithm's saved state, so a resumed run continues exactly."""
+        ...
 
-    def load_state_dict(self, state: dict) -> None: ...
+    def evaluate(self, iteration: int, final: bool, should_stop: Callable[[], bool]) -> EvalOutput | None:
+        """Held-out evaluation after `iteration` completed iterations (`final`: the first or the last one, which
+        may be larger); None when `should_stop()` became true meanwhile (the evaluation stays owed)."""
+        ...
 
+    def parameters(self) -> Iterable[tuple[str, torch.Tensor]]:
+        """The trainable tensors, named; the trainer checks them for finiteness after every step."""
+        ...
 
-def agent_metrics(
-    agent_id: str,
-    rollout: Rollout,
-    task_rewards: list[float],
-    collective: list[float],
-    learn_stats: dict[str, float],
-    eval_kl_coef: float,
-) -> dict[str, float]:
-    """`train/<agent>/*` and `ppo/<agent>/*` for one agent's rollout and update (docs/method.md §6).
+    def save(self, directory: Path) -> None:
+        """Write everything a resumed run needs into the (new, empty) `directory`: weights, optimiser states,
+        controllers, the algorithm's own RNG streams and counters. Nothing pickled but tensors."""
+        ...
 
-    Args:
-        rollout: the agent's rollout; `kls` [B, T] is zero on padding.
-        task_rewards: r(q, a_i) per sample [B]; collective: R_i per sample [B], both before score scaling.
-        learn_stats: what `Agent.learn` returned for this rollout.
-        eval_kl_coef: the task's fixed η_eval.
-    """
-    r = torch.tensor(task_rewards, dtype=torch.float32)
-    kl_seq = rollout.kls.sum(-1)  # [B]
-    lengths = rollout.response_mask.sum(-1).float()  # [B] T_i, EOS included
-    beta = learn_stats["kl_coef"]
-    m = {
-        "task_reward": r.mean().item(),
-        "collective_reward": float(torch.tensor(collective).mean()),
-        "scaled_collective_reward": learn_stats.get("scaled_score", float("nan")),
-        "kl": kl_seq.mean().item(),
-        "kl_per_token": (kl_seq / lengths).mean().item(),
-        "kl_coef": beta,
-        "combined_reward": (r - eval_kl_coef * kl_seq).mean().item(),
-        "combined_reward_current_beta": (r - beta * kl_seq).mean().item(),
-        "response_length": lengths.mean().item(),
-        "tokens": float(rollout.prompt_mask.sum() + rollout.response_mask.sum()),
-        "hit_max_tokens": rollout.hit_max_tokens.float().mean().item(),
-        "entropy": learn_stats.get("entropy", float("nan")),
-        "sampled_entropy": learn_stats.get("sampled_entropy", float("nan")),
-    }
-    out = {f"train/{agent_id}/{k}": v for k, v in m.items()}
-    # `Agent.learn` keys → logged names (the learner keeps TRL's key names for the parity script)
-    ppo_keys = {
-        "policy_loss": "policy_loss",
-        "value_loss": "value_loss",
-        "clipfrac": "clipfrac",
-        "value_clipfrac": "value_clipfrac",
-        "approx_kl": "approx_kl",
-        "policykl": "policy_kl",
-        "train_entropy": "entropy",
-        "ratio": "ratio",
-        "ratio_threshold_hits": "ratio_threshold_hits",
-        "explained_variance": "explained_variance",
-        "mean_non_score_reward": "mean_non_score_reward",
-        "early_stopped": "early_stopped",
-        "nonfinite_skipped": "nonfinite_skipped",
-        "nonfinite_steps": "nonfinite_steps",
-    }
-    out.update({f"ppo/{agent_id}/{name}": learn_stats[k] for k, name in ppo_keys.items() if k in learn_stats})
-    return out
+    def load(self, directory: Path) -> None:
+        """Restore what `save` wrote; raise `cory.errors.CheckpointError` (one line naming the file) on a
+        damaged, foreign or non-finite checkpoint, before changing anything that cannot be rolled back."""
+        ...
+
+    def report(self, rows: list[dict], run_dir: Path) -> Report:
+        """The run's summary from its logged rows (`metrics.jsonl`), and its figures written into `run_dir`."""
+        ...
 
 
-def sample_rows(queries: list[str], rollouts: dict[str, Rollout], rewards: dict[str, list[float]], n: int) -> list:
-    """The first `n` samples of the batch as table rows: query, each role's prompt/response and reward."""
-    rows = []
-    for i in range(min(n, len(queries))):
-        row = {"query": queries[i]}
-        for role, ro in rollouts.items():
-            row |= {
-                f"{role}_prompt": ro.prompts[i],
-                f"{role}_response": ro.responses[i],
-                f"{role}_reward": rewards[role][i],
-                f"{role}_kl": ro.kls[i].sum().item(),
-            }
-        rows.append(row)
-    return rows
+def named_parameters(groups: dict[str, Iterable[torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """`(group/index, tensor)` for each group's tensors: a helper for `Algorithm.parameters`."""
+    for name, tensors in groups.items():
+        for i, tensor in enumerate(tensors):
+            yield f"{name}/{i}", tensor

@@ -15,59 +15,79 @@ weights (equivalent to Eq. 5, docs/method.md §1.5); `faithful_official_swap=tru
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
-from cory.algorithms.base import StepOutput, agent_metrics, sample_rows
-from cory.ppo.learner import Agent
+from cory.algorithms.base import EvalOutput, Report, RunContext, StepOutput
+from cory.algorithms.team import AgentTeam
+from cory.errors import ConfigError
+from cory.metrics import role_key
+from cory.ppo.metrics import agent_metrics, headline, nonfinite, sample_rows
 from cory.tasks.base import SafeScorer, Task
+
+# CORY's by-role views and role exchange (per-agent names: `cory.ppo.metrics.PPO_METRICS`).
+CORY_METRICS: dict[str, str] = {
+    # CORY by role and role exchange.
+    role_key("pioneer", "task_reward"): "Task reward of whichever agent is the pioneer this iteration.",
+    role_key("pioneer", "kl"): "KL_seq of whichever agent is the pioneer this iteration.",
+    role_key("observer", "task_reward"): "Task reward of whichever agent is the observer this iteration.",
+    role_key("observer", "kl"): "KL_seq of whichever agent is the observer this iteration.",
+    "cory/llm1_role": "Role held by LLM1 this iteration: 0 = pioneer, 1 = observer (LLM2 holds the other).",
+    "cory/swaps": "Cumulative number of role exchanges so far.",
+}
 
 
 class CORY:
     """Pioneer/observer co-training of `llm1` and `llm2` (docs/method.md §1).
 
     Built by Hydra from `cory/conf/algorithm/cory.yaml`, the only place the switches' values are written
-    (docs/method.md §1.7); `task`, `make_agent` and `generation_batch_size` come from `cory.train`.
+    (docs/method.md §1.7); `agent` is the learner node, shared verbatim with PPO; `context` comes from the entry
+    point (`cory.build`).
     """
 
     def __init__(
         self,
-        task: Task,
-        make_agent: Callable[[str], Agent],
+        agent,
         knowledge_transfer: bool,
         role_exchange: bool,
         swap_period: int,
         w_self: float,
         w_other: float,
         faithful_official_swap: bool,
-        generation_batch_size: int,
         log_samples: int,
+        *,
+        context: RunContext,
     ) -> None:
-        self.task, self.scorer = task, SafeScorer(task)
-        # both agents start from the same weights, value head included (make_agent copies one initial model)
-        self.agents = {"llm1": make_agent("llm1"), "llm2": make_agent("llm2")}
+        if not (isinstance(swap_period, int) and not isinstance(swap_period, bool) and swap_period >= 1):
+            raise ConfigError(f"algorithm.swap_period={swap_period}: must be an integer >= 1")
         self.knowledge_transfer, self.role_exchange, self.swap_period = knowledge_transfer, role_exchange, swap_period
         self.w_self, self.w_other = w_self, w_other
         self.faithful_official_swap = faithful_official_swap
-        self.generation_batch_size, self.log_samples = generation_batch_size, log_samples
+        self.learner, self.log_samples, self.settings = agent, log_samples, context.settings
+        # both agents start from the same weights, value head included (the team builds them from one init seed)
+        longest = self._longest_observer_prompt if knowledge_transfer else None
+        self.team = AgentTeam(context, agent, ["llm1", "llm2"], longest_prompt=longest)
+        self.task, self.scorer = self.team.task, SafeScorer(self.team.task)
         self.roles = {"pioneer": "llm1", "observer": "llm2"}  # LLM1 starts as pioneer (§1.1)
         self.swaps = 0
 
-    def step(self, queries: list[str], max_new_tokens: int, iteration: int) -> StepOutput:
+    def describe(self) -> dict:
+        return {"algorithm": "cory", "kl_coef": self.learner.init_kl_coef}
+
+    def step(self, iteration: int) -> StepOutput:
         pio_id, obs_id = self.roles["pioneer"], self.roles["observer"]
-        pioneer, observer = self.agents[pio_id], self.agents[obs_id]
-        gen, t0 = self.task.generation_kwargs, time.perf_counter()
+        pioneer, observer = self.team.agents[pio_id], self.team.agents[obs_id]
+        queries, max_new_tokens = self.team.batch(iteration)
+        gen, batch, t0 = self.task.generation_kwargs, self.team.generation_batch_size, time.perf_counter()
         # 1. pioneer: a1 ~ π_P(· | x_P)
-        pio = pioneer.act(
-            [self.task.pioneer_prompt(q) for q in queries], max_new_tokens, gen, self.generation_batch_size
-        )
+        pio = pioneer.act([self.task.pioneer_prompt(q) for q in queries], max_new_tokens, gen, batch)
         # 2. observer: x_O = T_obs(q, a1) from decoded text, then a2 ~ π_O(· | x_O), same generation settings
         if self.knowledge_transfer:
             obs_prompts = [self.task.observer_prompt(q, a1) for q, a1 in zip(queries, pio.responses)]
         else:  # "CORY w/o KT": the observer sees the query alone (§1.7)
             obs_prompts = [self.task.pioneer_prompt(q) for q in queries]
-        obs = observer.act(obs_prompts, max_new_tokens, gen, self.generation_batch_size)
+        obs = observer.act(obs_prompts, max_new_tokens, gen, batch)
         # 3. task rewards on the original query only: r1 = r(q, a1), r2 = r(q, a2)
         r1, failed1 = self.scorer(queries, pio.responses)
         r2, failed2 = self.scorer(queries, obs.responses)
@@ -81,8 +101,8 @@ class CORY:
         metrics = agent_metrics(pio_id, pio, r1, R_pio, stats_pio, self.task.eval_kl_coef)
         metrics |= agent_metrics(obs_id, obs, r2, R_obs, stats_obs, self.task.eval_kl_coef)
         for role, agent_id in self.roles.items():  # per-role views of the same numbers
-            metrics[f"train/{role}/task_reward"] = metrics[f"train/{agent_id}/task_reward"]
-            metrics[f"train/{role}/kl"] = metrics[f"train/{agent_id}/kl"]
+            metrics[role_key(role, "task_reward")] = metrics[f"train/{agent_id}/task_reward"]
+            metrics[role_key(role, "kl")] = metrics[f"train/{agent_id}/kl"]
         metrics |= {
             "cory/llm1_role": float(pio_id != "llm1"),  # 0 pioneer, 1 observer
             "cory/swaps": float(self.swaps),
@@ -94,18 +114,32 @@ class CORY:
             queries, {"pioneer": pio, "observer": obs}, {"pioneer": r1, "observer": r2}, self.log_samples
         )
         # 6. role exchange (Eq. 5) after iteration k when (k + 1) mod T_REx = 0
-        reseed = False
         if self.role_exchange and (iteration + 1) % self.swap_period == 0:
             self.roles = {"pioneer": obs_id, "observer": pio_id}
             self.swaps += 1
-            if self.faithful_official_swap:  # the official disk swap's side effects (§1.5); RNGs via `reseed`
-                for agent in self.agents.values():
+            if self.faithful_official_swap:  # the official disk swap's side effects (§1.5), RNGs included
+                for agent in self.team.agents.values():
                     agent.reset_training_state()
-                reseed = True
-        return StepOutput(metrics, samples, reseed)
+                self.team.reseed(iteration + 1)
+        return StepOutput(metrics, samples, nonfinite(metrics), headline(metrics, ["llm1", "llm2"]))
 
-    def state_dict(self) -> dict:
-        return {"roles": dict(self.roles), "swaps": self.swaps}
+    def evaluate(self, iteration: int, final: bool, should_stop) -> EvalOutput | None:
+        return self.team.evaluate(final, should_stop)
 
-    def load_state_dict(self, state: dict) -> None:
+    def parameters(self):
+        return self.team.parameters()
+
+    def save(self, directory: Path) -> None:
+        self.team.save(directory, {"roles": dict(self.roles), "swaps": self.swaps})
+
+    def load(self, directory: Path) -> None:
+        state = self.team.load(directory)
         self.roles, self.swaps = dict(state["roles"]), int(state["swaps"])
+
+    def report(self, rows: list[dict], run_dir: Path) -> Report:
+        return self.team.report(rows, run_dir, self.settings.iterations)
+
+    @staticmethod
+    def _longest_observer_prompt(task: Task, query: str, max_new_tokens: int) -> tuple[str, int]:
+        """The observer prompt of `query` around an empty pioneer response, and the response's length to add."""
+        return task.observer_prompt(query, ""), max_new_tokens

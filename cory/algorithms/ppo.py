@@ -3,33 +3,40 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
-from cory.algorithms.base import StepOutput, agent_metrics, sample_rows
-from cory.ppo.learner import Agent
-from cory.tasks.base import SafeScorer, Task
+from cory.algorithms.base import EvalOutput, Report, RunContext, StepOutput
+from cory.algorithms.team import AgentTeam
+from cory.ppo.metrics import agent_metrics, headline, nonfinite, sample_rows
+from cory.tasks.base import SafeScorer
 
 
 class PPO:
-    """One agent `llm1`: act on the query-only prompt, score, learn on its own task reward."""
+    """One agent `llm1`: act on the query-only prompt, score, learn on its own task reward.
 
-    def __init__(
-        self, task: Task, make_agent: Callable[[str], Agent], generation_batch_size: int, log_samples: int
-    ) -> None:
-        self.task, self.scorer = task, SafeScorer(task)
-        self.agents = {"llm1": make_agent("llm1")}
-        self.generation_batch_size, self.log_samples = generation_batch_size, log_samples
+    Built by Hydra from `cory/conf/algorithm/ppo.yaml` (`agent`: the learner node); `context` comes from the entry
+    point (`cory.build`).
+    """
 
-    def step(self, queries: list[str], max_new_tokens: int, iteration: int) -> StepOutput:
-        agent, t0 = self.agents["llm1"], time.perf_counter()
+    def __init__(self, agent, log_samples: int, *, context: RunContext) -> None:
+        self.team = AgentTeam(context, agent, ["llm1"])
+        self.task, self.scorer = self.team.task, SafeScorer(self.team.task)
+        self.learner, self.log_samples, self.settings = agent, log_samples, context.settings
+
+    def describe(self) -> dict:
+        return {"algorithm": "ppo", "kl_coef": self.learner.init_kl_coef}
+
+    def step(self, iteration: int) -> StepOutput:
+        agent, t0 = self.team.agents["llm1"], time.perf_counter()
+        queries, max_new_tokens = self.team.batch(iteration)
         # 1-2. generate a ~ π(·|x) on the query-only prompt
         rollout = agent.act(
             [self.task.pioneer_prompt(q) for q in queries],
             max_new_tokens,
             self.task.generation_kwargs,
-            self.generation_batch_size,
+            self.team.generation_batch_size,
         )
         # 5. task reward r(q, a) on the original query
         scores, failed = self.scorer(queries, rollout.responses)
@@ -42,10 +49,20 @@ class PPO:
             "time/learn_s": time.perf_counter() - t1,
             "train/reward_failures": float(failed),
         }
-        return StepOutput(metrics, sample_rows(queries, {"pioneer": rollout}, {"pioneer": scores}, self.log_samples))
+        samples = sample_rows(queries, {"pioneer": rollout}, {"pioneer": scores}, self.log_samples)
+        return StepOutput(metrics, samples, nonfinite(metrics), headline(metrics, ["llm1"]))
 
-    def state_dict(self) -> dict:
-        return {}
+    def evaluate(self, iteration: int, final: bool, should_stop) -> EvalOutput | None:
+        return self.team.evaluate(final, should_stop)
 
-    def load_state_dict(self, state: dict) -> None:
-        pass
+    def parameters(self):
+        return self.team.parameters()
+
+    def save(self, directory: Path) -> None:
+        self.team.save(directory, {})
+
+    def load(self, directory: Path) -> None:
+        self.team.load(directory)
+
+    def report(self, rows: list[dict], run_dir: Path) -> Report:
+        return self.team.report(rows, run_dir, self.settings.iterations)

@@ -19,9 +19,13 @@ import torch
 import yaml
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from cory import runtime
+from cory.checkpoints import tensors_of
 from cory.distributed import world_size
+from cory.errors import ConfigError
 from cory.policy import PolicyWithValueHead
 from cory.ppo import core as ppo_core
+from cory.ppo.core import KL_ESTIMATORS
 from cory.ppo.rollout import Rollout, forward_logits, generate, pad, score_forward
 
 # The learner block's only written values: `cory/conf/algorithm/ppo.yaml` (experiments change them by small diffs).
@@ -62,11 +66,46 @@ class PPOConfig:
     target_kl: float
     generate_in_train_mode: bool  # TRL samples with dropout on after the first step (§2.1); evaluation never does
 
+    def __post_init__(self) -> None:
+        """Ranges and combinations, checked when Hydra builds the node: one line naming the key (`ConfigError`)."""
+        key = "algorithm.agent."
+        _check(self.learning_rate > 0, f"{key}learning_rate={self.learning_rate}: must be > 0")
+        _check(self.init_kl_coef >= 0, f"{key}init_kl_coef={self.init_kl_coef}: must be >= 0")
+        _check(self.kl_penalty in KL_ESTIMATORS, f"{key}kl_penalty={self.kl_penalty!r}: allowed {KL_ESTIMATORS}")
+        _check(self.ppo_epochs >= 1, f"{key}ppo_epochs={self.ppo_epochs}: must be >= 1")
+        for name in ("gamma", "lam"):  # discount and GAE λ
+            value = getattr(self, name)
+            _check(0 <= value <= 1, f"{key}{name}={value}: must be in [0, 1]")
+        _check(
+            self.mini_batch_size >= 1 and self.gradient_accumulation_steps >= 1,
+            f"{key}mini_batch_size and gradient_accumulation_steps must be >= 1",
+        )
+        _check(0 <= self.cliprange and 0 <= self.cliprange_value, f"{key}cliprange(_value) must be >= 0")
+        _check(self.kl_target > 0 and self.kl_horizon > 0, f"{key}kl_target and kl_horizon must be > 0")
+
+    def check_batch(self, batch_size: int) -> None:
+        """The minibatches must divide the batch (one optimiser step per `mini_batch_size × accumulation`)."""
+        backward = self.mini_batch_size * self.gradient_accumulation_steps
+        _check(
+            batch_size % backward == 0,
+            f"algorithm.agent.mini_batch_size × gradient_accumulation_steps = {backward} must divide "
+            f"batch_size={batch_size}",
+        )
+
+    def build(self, name: str, model, ref_model, tokenizer, **placement) -> Agent:
+        """One agent with these hyperparameters (`placement`: `Agent`'s seed, device and batch arguments)."""
+        return Agent(name, model, ref_model, tokenizer, self, **placement)
+
     @classmethod
     def from_yaml(cls, **overrides: object) -> PPOConfig:
         """The `agent:` block of `cory/conf/algorithm/ppo.yaml` with `overrides` (code that runs without Hydra)."""
         block = yaml.safe_load(LEARNER_YAML.read_text(encoding="utf-8"))["agent"]
-        return cls(**(block | overrides))
+        return cls(**({k: v for k, v in block.items() if not k.startswith("_")} | overrides))
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
 
 
 class Agent:
@@ -314,6 +353,21 @@ class Agent:
                 "ratio_threshold_hit": float(hit),
             }
 
+    def context_length(self) -> int | None:
+        """The model's context in positions (None when its config does not say)."""
+        config = self.policy.pretrained_model.config.get_text_config()
+        return getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
+
+    def token_counts(self, prompts: list[str]) -> list[int]:
+        """Prompt lengths in tokens, as `act` tokenises them."""
+        ids = self.tokenizer(prompts, add_special_tokens=self.add_special_tokens)["input_ids"]
+        return [len(x) for x in ids]
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """Every weight and optimiser tensor, named: what a loaded checkpoint must hold finite."""
+        tensors = {f"weight {n}": t for n, t in self.policy.state_dict().items()}
+        return tensors | tensors_of(self.optimizer.state_dict()["state"], "optimizer state")
+
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         """The parameters this agent's optimiser steps, selected by name: its LoRA adapter and value head, or the
         whole policy with full fine-tuning (never by `requires_grad`, which PEFT flips with the active adapter).
@@ -336,7 +390,7 @@ class Agent:
                 if p.grad is not None:
                     torch.distributed.all_reduce(p.grad)  # SUM then divide: gloo has no AVG
                     p.grad /= world_size()
-        if not ppo_core.all_finite([p.grad for p in params if p.grad is not None]):
+        if not runtime.all_finite([p.grad for p in params if p.grad is not None]):
             self.optimizer.zero_grad()
             return False
         if self.config.max_grad_norm is not None:

@@ -1,0 +1,50 @@
+"""Run-level and hardware settings: the keys of `cory/conf/train.yaml` and of the `hardware` group, as types.
+
+These dataclasses are the schema of those keys (`cory.config` checks their types from the annotations) and what
+the trainer and every algorithm receive. Learner hyperparameters are not here: they belong to the learner's own
+config node (`algorithm.agent`), whose constructor is its schema.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Run-level knobs from `cory/conf/train.yaml` (not learner hyperparameters)."""
+
+    iterations: int  # PPO/CORY iterations; MAFT fine-tuning rounds
+    batch_size: int
+    seed: int
+    eval_every: int = 0  # 0: evaluate only before training and at the end
+    num_eval: int | None = None  # held-out prompts per evaluation (None: all the task provides)
+    num_eval_final: int | None = None  # held-out prompts before training and at the end (None: all)
+    eval_batch_size: int = 64
+    save_every: int = 0  # checkpoint cadence, plus the last iteration; 0: none (SIGTERM/SIGINT always save)
+    save_final: bool = False  # with save_every=0: still checkpoint the last iteration (so it can be extended)
+    keep_checkpoints: int = 2
+    max_bad_iterations: int = 3
+    progress: bool = True
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> RunSettings:
+        return cls(**{f.name: cfg[f.name] for f in dataclasses.fields(cls) if f.name in cfg})
+
+
+@dataclass(frozen=True)
+class HardwareSettings:
+    """The `hardware` group: how the work fits the machine, never the learning result."""
+
+    device: str  # cpu | cuda | cuda:<n> | auto
+    precision: str  # fp32 | bf16 | fp16 (autocast; weights and optimiser state stay fp32)
+    forward_batch_size: int  # micro-batch of the no-grad rollout forwards
+    generation_batch_size: int  # prompts per generate() call
+    deterministic: bool = False
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> HardwareSettings:
+        return cls(**{f.name: cfg[f.name] for f in dataclasses.fields(cls) if f.name in cfg})
