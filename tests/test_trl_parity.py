@@ -7,7 +7,10 @@ which has no PPO. `make parity` builds the separate venv once and runs this file
     .venv-trl/bin/pip install torch==2.13.0 "transformers>=5.24,<5.40" trl==0.11.4 omegaconf==2.3.1 pytest
     PYTHONPATH=. .venv-trl/bin/python -m pytest -q tests/test_trl_parity.py
 
-About 30 s with trl installed (TRL's import and the 20 cases of the script, several of them twice).
+About 30 s with trl installed (TRL's import and the 20 cases of the script, several of them twice). The
+attention key bias is compared by the script's key-bias rule (noise gradient, Adam-bounded steps, see its
+docstring); the tests below check that rule's Adam bound on torch's Adam and that deliberately wrong key-bias
+updates are caught. The two Adam-bound tests need only torch and run without trl too.
 """
 
 from __future__ import annotations
@@ -49,6 +52,91 @@ def test_learn_matches_trl_step(name: str) -> None:
         assert report["initial_entropy"] < 2.0
     else:
         assert report["initial_entropy"] > 5.0
+
+
+# what each deliberately wrong key-bias update must trip (scripts/check_trl_parity.py, the key-bias rule)
+TAMPER_CAUGHT_BY = {
+    "key_bias_in_step": "Adam's largest step",  # rule 3: +10·lr within one optimiser step
+    "key_bias_after_learn": "outside its optimiser steps",  # rule 2: +10·lr between optimiser steps
+    "key_bias_gradient": "is not noise",  # rule 1: a coherent gradient, 1% of the q/v biases'
+}
+
+
+@needs_trl
+@pytest.mark.parametrize("tamper", sorted(TAMPER_CAUGHT_BY))
+def test_key_bias_rule_catches_a_key_bias_learned_differently(tamper: str) -> None:
+    """The key bias is compared by a rule, not a tolerance; a wrong update of ours must still fail it, on the
+    peaked model where Adam's noise steps are largest. Nothing else notices: the key bias cannot change the
+    model's output, so every other parameter and statistic still agrees."""
+    assert set(TAMPER_CAUGHT_BY) == set(parity.TAMPERS)
+    report = parity.run_case(**CASES["full_8-4-1_peaked"], tamper=tamper)
+    assert not report["passed"]
+    assert any(TAMPER_CAUGHT_BY[tamper] in f for f in report["failures"]), report["failures"]
+    assert all("key bias" in f or "key-bias" in f for f in report["failures"]), report["failures"]
+    if tamper == "key_bias_gradient":  # a bounded, coherent drift: only the gradient check can tell
+        assert all(TAMPER_CAUGHT_BY[tamper] in f for f in report["failures"]), report["failures"]
+        assert report["key_bias_rule"]["diff"] <= report["key_bias_rule"]["diff_bound"]
+
+
+@needs_trl
+def test_key_bias_rule_reports_its_numbers() -> None:
+    """The peaked case, where the key biases differ by more than lr: the report says by how much and why that
+    passes (noise gradients, Adam-bounded steps, the bound on the diff)."""
+    rule = parity.run_case(**CASES["full_8-4-1_peaked"])["key_bias_rule"]
+    steps = rule["optimiser_steps"]["ours"]
+    assert steps == rule["optimiser_steps"]["trl"] == 3 * 4 * 2  # PPO steps × epochs × backward batches
+    lr = 1e-3
+    assert rule["diff"] > 0.1 * lr  # Adam made the noise visible: the reason for the rule
+    assert rule["diff"] <= rule["diff_bound"]
+    expected = lr * sum(parity.adam_step_bound(t, 0.9, 0.999) for t in range(1, steps + 1))
+    assert rule["drift_bound"]["ours"] == pytest.approx(expected * (1 + parity.ADAM_BOUND_SLACK))
+    assert rule["diff_bound"] == pytest.approx(rule["drift_bound"]["ours"] + rule["drift_bound"]["trl"])
+    for who in ("trl", "ours"):
+        assert rule["max_grad_ratio"][who] <= parity.KEY_BIAS_GRAD_RATIO
+        assert 0.0 < rule["max_step_over_adam_bound"][who] <= 1.0 + parity.ADAM_BOUND_SLACK
+        assert rule["drift_from_init"][who] <= rule["drift_bound"][who]
+
+
+def test_adam_step_bound_values() -> None:
+    """B_t for torch's defaults, as the script's docstring states them (pure arithmetic, no trl needed)."""
+    bound = parity.adam_step_bound
+    assert bound(1, 0.9, 0.999) == pytest.approx(1.0, abs=1e-12)
+    assert bound(8, 0.9, 0.999) == pytest.approx(1.028, abs=5e-4)
+    assert bound(24, 0.9, 0.999) == pytest.approx(1.213, abs=5e-4)
+    assert sum(bound(t, 0.9, 0.999) for t in range(1, 25)) == pytest.approx(25.94, abs=5e-3)
+    assert bound(10**6, 0.9, 0.999) == pytest.approx(0.1 / (0.001 * (1 - 0.81 / 0.999)) ** 0.5, rel=1e-9)
+    assert bound(10**6, 0.9, 0.999) == pytest.approx(7.27, abs=5e-3)
+
+
+def test_adam_step_bound_holds_and_is_reached_by_torch_adam() -> None:
+    """The per-step bound lr·B_t that the key-bias rule relies on, checked on torch's own Adam: no gradient
+    history exceeds it, and g_i ∝ (β1/β2)^(t−i) reaches it (so it cannot be tightened)."""
+    torch = pytest.importorskip("torch")
+    lr, betas = 1e-3, (0.9, 0.999)
+
+    def steps(grads: list[float]) -> list[float]:
+        x = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+        opt = torch.optim.Adam([x], lr=lr, betas=betas)
+        out = []
+        for g in grads:
+            before = x.detach().clone()
+            x.grad = torch.tensor([g], dtype=torch.float64)
+            opt.step()
+            out.append((x.detach() - before).abs().item() / (lr * parity.adam_step_bound(len(out) + 1, *betas)))
+        return out
+
+    for t in (1, 2, 8, 24, 200):
+        worst = [(betas[0] / betas[1]) ** (t - i) for i in range(1, t + 1)]
+        assert steps(worst)[-1] == pytest.approx(1.0, abs=1e-6)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        n = 40
+        grads = torch.randn(n, generator=gen, dtype=torch.float64) * torch.exp(
+            4 * torch.randn(n, generator=gen, dtype=torch.float64)
+        )
+        grads[torch.rand(n, generator=gen) < 0.2] = 0.0  # zero gradients (e.g. ratio-threshold hits)
+        grads[0] = 1.0  # v stays positive
+        assert max(steps(grads.tolist())) <= 1.0 + 1e-9
 
 
 @needs_trl
