@@ -36,6 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from cory import runtime
+from cory.checkpoints import ALGORITHM_DIR
 from cory.config import validate
 from cory.errors import ConfigError
 from cory.tasks.answers import extract_answer, pass_at_k
@@ -45,8 +46,8 @@ RESULTS, SUMMARY, PLOT, SETTINGS = "results.jsonl", "passk.json", "passk.png", "
 
 def resolve_target(path: Path) -> tuple[Path, Path | None]:
     """(run folder, checkpoint folder or None) for a run folder or one of its checkpoint folders."""
+    from cory.checkpoints import latest_checkpoint
     from cory.runs import RUN_CONFIG
-    from cory.trainer import latest_checkpoint
 
     path = Path(path)
     if (path / "trainer.json").exists():  # checkpoints/iter_<k> of a run
@@ -77,6 +78,18 @@ def load_config(run_dir: Path | None, overrides: list[str]) -> DictConfig:
         return OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))
     except OmegaConfBaseException as err:
         raise ConfigError(f"override {' '.join(overrides)}: {' '.join(str(err).split())}") from None
+
+
+def checkpoint_agents(checkpoint: Path) -> list[str]:
+    """The agents of a checkpoint whose policy weights a `Backbone` handle can load (PPO's and CORY's)."""
+    from cory.policy import ADAPTER_WEIGHTS, FULL_WEIGHTS
+
+    folder = checkpoint / ALGORITHM_DIR
+    return (
+        sorted(p.name for p in folder.iterdir() if (p / FULL_WEIGHTS).is_file() or (p / ADAPTER_WEIGHTS).is_file())
+        if folder.is_dir()
+        else []
+    )
 
 
 class _Policy:
@@ -189,7 +202,7 @@ def evaluate_run(
     `overrides` when `target` is None); returns {model: summary}."""
     from hydra.utils import instantiate
 
-    from cory.train import build_backbone
+    from cory.build import build_backbone
 
     run_dir, checkpoint = resolve_target(target) if target is not None else (None, None)
     cfg = load_config(run_dir, overrides)
@@ -200,7 +213,7 @@ def evaluate_run(
         out = Path("outputs") / "evaluation" / ("_".join(overrides) or "default")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    agents = json.loads((checkpoint / "trainer.json").read_text())["agents"] if checkpoint else []
+    agents = checkpoint_agents(checkpoint) if checkpoint else []
     settings = {"n": n, "seed": seed, "checkpoint": str(checkpoint), "num_problems": num_problems}
     settings |= {"config": overrides} if run_dir is None else {}
     if (out / SETTINGS).exists() and json.loads((out / SETTINGS).read_text()) != settings:
@@ -221,7 +234,7 @@ def evaluate_run(
             if all((model, i) in done for i in range(len(questions))):
                 continue
             if model != "base":
-                policy.handle.load_weights(checkpoint / "agents" / model)
+                policy.handle.load_weights(checkpoint / ALGORITHM_DIR / model)
             for start in range(0, len(questions), per_chunk):
                 index = range(start, min(start + per_chunk, len(questions)))
                 if all((model, i) in done for i in index):

@@ -7,7 +7,11 @@ YAML value then reaches the test instead of silently differing from it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import functools
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from conftest import compose_cfg
@@ -37,8 +41,46 @@ def task_kwargs(task: str, overrides: Sequence[str] = ("~experiment",), **fields
     return node_kwargs(cfg.task, drop=("reward",)) | fields
 
 
-def algorithm_kwargs(algorithm: str, overrides: Sequence[str] = (), **fields: Any) -> dict[str, Any]:
-    """Constructor arguments of `algorithm=<algorithm>` besides task and agents, with `fields` replaced."""
-    cfg = compose_cfg([f"algorithm={algorithm}", *overrides])
-    kwargs = node_kwargs(cfg.algorithm, drop=("agent",))
-    return kwargs | {"generation_batch_size": cfg.hardware.generation_batch_size} | fields
+def agent_from(cfg: DictConfig, backbone, reference, name: str = "llm1", seed: int = 0):
+    """One agent as a run builds it (`cory.algorithms.team.AgentTeam`): the learner node of `cfg` on `backbone`."""
+    from hydra.utils import instantiate
+
+    from cory import runtime
+
+    learner = instantiate(cfg.algorithm.agent)
+    return learner.build(
+        name,
+        backbone.policy(name, init_seed=cfg.seed),
+        reference,
+        backbone.tokenizer,
+        seed=seed,
+        device=backbone.device,
+        autocast_dtype=runtime.autocast_dtype(cfg.hardware.precision),
+        forward_batch_size=cfg.hardware.forward_batch_size,
+        add_special_tokens=backbone.add_special_tokens,
+    )
+
+
+def algorithm_from(
+    cfg: DictConfig,
+    task: Callable[[Any], Any] | None = None,
+    batch: tuple[list[str], int] | None = None,
+    run_dir: Path | None = None,
+):
+    """The algorithm `train` builds from `cfg` (no trainer, no logger), through the same builders.
+
+    Args:
+        task: `task(tokenizer) -> Task` replaces the `task` group's object.
+        batch: `(queries, max_new_tokens)` every iteration trains on, instead of the run's data schedule.
+        run_dir: the run folder the algorithm is given (PPO and CORY write nothing there).
+    """
+    from cory.build import build_algorithm, build_context
+
+    context = build_context(cfg, run_dir or Path(tempfile.gettempdir()))
+    if task is not None:
+        built = functools.cache(lambda: task(context.load_model()[1]))
+        context = dataclasses.replace(context, task=built)
+    algorithm = build_algorithm(cfg, context)
+    if batch is not None:
+        algorithm.team.batch = lambda k: batch
+    return algorithm

@@ -1,16 +1,22 @@
-"""Test doubles for the Multiagent Finetuning tests: an arithmetic task, a chat template, a composed config and a
-scripted agent pool that answers without a model."""
+"""Test doubles for the Multiagent Finetuning tests: an arithmetic task, a chat template, a composed config, a
+scripted agent pool that answers without a model, a run context without a model, and `python -m cory.train` that
+pauses at one stage of a MAFT round (so that a test can signal or kill it exactly there)."""
 
 from __future__ import annotations
 
+import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from conftest import compose_cfg
 from omegaconf import DictConfig, OmegaConf
 
+from cory.algorithms.base import RunContext
 from cory.maft.debate import Chat
 from cory.models import build_tiny_gpt2
+from cory.settings import HardwareSettings, RunSettings
 from cory.tasks.problems import Problem, arithmetic_problems, split_disjoint
 
 # A minimal chat template for the in-memory byte tokenizer (which has none): role tags, EOS closes every turn.
@@ -56,6 +62,9 @@ def maft_cfg(tmp_path: Path, overrides: list[str] | None = None, **task) -> Dict
             "progress=false",
             f"cache_dir={tmp_path / 'cache'}",
             "num_eval=null",
+            "iterations=1",  # one fine-tuning round, evaluated and checkpointed
+            "eval_every=1",
+            "save_every=1",
             "algorithm.num_agents=2",
             "algorithm.embedding_diversity=false",
             "algorithm.generation.max_new_tokens=2",
@@ -70,6 +79,47 @@ def maft_cfg(tmp_path: Path, overrides: list[str] | None = None, **task) -> Dict
     cfg.task = OmegaConf.create({"_target_": "maft_fakes.ArithmeticProblems", **task})
     cfg.model = OmegaConf.create({"_target_": "maft_fakes.tiny_gpt2_that_writes_digits"})
     return cfg
+
+
+class Problems:
+    """A task holding given problems (the same list for training and held-out unless told otherwise)."""
+
+    name = "problems"
+
+    def __init__(self, train: list[Problem], eval: list[Problem] | None = None) -> None:
+        self._train, self._eval = list(train), list(train if eval is None else eval)
+
+    def train_problems(self) -> list[Problem]:
+        return list(self._train)
+
+    def eval_problems(self) -> list[Problem]:
+        return list(self._eval)
+
+
+def no_model():
+    raise AssertionError("the model was loaded")
+
+
+def fake_context(run_dir: Path, task, load_model: Callable = lambda: (None, None), num_eval=None) -> RunContext:
+    """What the entry point hands an algorithm, with `load_model` and `task` given (no model by default)."""
+    return RunContext(
+        settings=RunSettings(iterations=1, batch_size=2, seed=0, eval_every=1, num_eval=num_eval, save_every=1),
+        hardware=HardwareSettings(device="cpu", precision="fp32", forward_batch_size=8, generation_batch_size=8),
+        device=torch.device("cpu"),
+        run_dir=Path(run_dir),
+        load_model=load_model,
+        backbone=no_model,
+        task=lambda: task,
+    )
+
+
+def scripted_agent_models(answer):
+    """An `agent_models` partial's stand-in: called as MAFT calls it, it returns a `ScriptedPool`."""
+
+    def make(model, tokenizer, names, **hardware) -> ScriptedPool:
+        return ScriptedPool(names, answer)
+
+    return make
 
 
 class ScriptedPool:
@@ -98,3 +148,39 @@ class ScriptedPool:
 
     def load(self, name, path) -> None:
         pass
+
+    def state_dict(self, name) -> dict[str, torch.Tensor]:
+        return {}
+
+    def parameters(self, name) -> list[torch.Tensor]:
+        return []
+
+
+# --------------------------------------------------------------------------------------------- a paused real run
+PAUSE_ARGS = {"finetune_agent": 0, "debate_round": 1}  # where the stage's key starts in the method's arguments
+
+
+def main_with_a_pause() -> None:
+    """`python -m cory.train` (the real entry point, `cory.train.main`) that stops once at one MAFT stage.
+
+    `MAFT_PAUSE` names it: `finetune_agent:<round>:<agent index>` (before that agent's SFT) or
+    `debate_round:<split>:<round>:<debate round, 0-based>` (before that debate round). There the process writes the
+    file `MAFT_PAUSE_MARKER` and waits until `<marker>.go` exists (or it is killed), then carries on. Run as
+    `python -c "import maft_fakes; maft_fakes.main_with_a_pause()" <overrides>` with tests/ on PYTHONPATH.
+    """
+    import cory.train
+    from cory.algorithms.maft import MAFT
+
+    method, *key = os.environ["MAFT_PAUSE"].split(":")
+    marker = Path(os.environ["MAFT_PAUSE_MARKER"])
+    original, start = getattr(MAFT, method), PAUSE_ARGS[method]
+
+    def paused(self, *args, **kwargs):
+        if [str(a) for a in args[start : start + len(key)]] == key and not marker.exists():
+            marker.write_text(str(os.getpid()))
+            while not marker.with_suffix(".go").exists():
+                time.sleep(0.02)
+        return original(self, *args, **kwargs)
+
+    setattr(MAFT, method, paused)
+    cory.train.main()

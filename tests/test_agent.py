@@ -386,9 +386,9 @@ def test_paper_presets_score_in_fp32_on_the_tiny_model(precision: str):
     reference log-probs and full KL equal a plain fp32 forward, while bf16 autocast, chosen explicitly, rounds
     them (the paper and the official code train GPT-2 in fp32, docs/method.md §5)."""
     from conftest import compose_cfg
+    from from_config import agent_from
 
     from cory.policy import Backbone
-    from cory.train import build_agent
 
     overrides = ["experiment=imdb_gpt2", "model=tiny_gpt2", "hardware.device=cpu"]
     cfg = compose_cfg(overrides + (["hardware.precision=bf16"] if precision == "bf16" else []))
@@ -397,7 +397,7 @@ def test_paper_presets_score_in_fp32_on_the_tiny_model(precision: str):
     ref = make_reference(model)
     sharpen(model, 1)  # the policy has moved away from π0, so the KL is not 0
     backbone = Backbone(model, tokenizer, lora=None, add_special_tokens=False, device="cpu")
-    agent = build_agent("llm1", backbone=backbone, reference=ref, cfg=cfg, device="cpu", seed=0)
+    agent = agent_from(cfg, backbone, ref)
     prompts, responses = token_lists(tokenizer.eos_token_id)
     rollout = agent.score_tokens(prompts, responses)
     worst = 0.0

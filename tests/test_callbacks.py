@@ -269,12 +269,13 @@ def test_every_job_of_every_sweep_composes_with_its_swept_values(sweep):
 
 
 def _readme_sweep_commands() -> list[list[str]]:
-    """The overrides of every sweep command the README prints (`python -m cory.train -m ...` with `sweep=`, and
-    `python scripts/run_sweep.py ...`), in backticks or in code blocks."""
+    """The overrides of every sweep command the README and the docs pages print (`python -m cory.train -m ...` with
+    `sweep=`, and `python scripts/run_sweep.py ...`), in backticks or in code blocks."""
     import re
     import shlex
 
-    text = (REPO / "README.md").read_text()
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    text = "\n".join(page.read_text() for page in pages)
     found = []
     for line in re.findall(r"`(python [^`]+)`", text) + re.findall(r"^(python [^\n#]+)", text, flags=re.M):
         args = shlex.split(line.strip())

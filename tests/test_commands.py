@@ -1,6 +1,7 @@
-"""Every command the README and `scripts/*.sh` print is run or composed, in the form printed.
+"""Every command the README, the docs pages and `scripts/*.sh` print is run or composed, in the form printed.
 
-Commands are collected from the README's code blocks and inline code spans and from `scripts/*.sh`: every
+Commands are collected from the code blocks and inline code spans of `README.md` and `docs/*.md` and from
+`scripts/*.sh`: every
 `python -m cory.<module> ...` (also behind `$PY`, `.venv/bin/python`, `accelerate launch` or `torchrun`),
 every `python scripts/<name>.py ...`, `make <target>` and `bash scripts/<name>.sh`. A new command (GSM8K,
 figures, MAFT) is covered as soon as it is printed.
@@ -57,21 +58,35 @@ def _script_defaults(text: str) -> dict[str, str]:
     return dict(re.findall(r"^(\w+)=\$\{\1:-([^}]*)\}", text, flags=re.M))
 
 
+# A fenced block (possibly indented in a list item) and its language; shell blocks are "", "bash" or "sh"
+FENCE = re.compile(r"^[ \t]*```(\w*)[^\n]*\n(.*?)^[ \t]*```", flags=re.S | re.M)
+
+
+def documents() -> list[Path]:
+    """The pages whose commands are checked: the README, then every docs page."""
+    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
 def collect() -> list[tuple[str, str]]:
-    """(where, command line) for every command printed in the README and in scripts/*.sh."""
+    """(where, command line) for every command printed in the README, in docs/*.md and in scripts/*.sh."""
     found: list[tuple[str, str]] = []
-    readme = (REPO / "README.md").read_text()
-    for block in re.findall(r"```(?:bash|sh)?\n(.*?)```", readme, flags=re.S):
-        found += [("README", line) for line in _shell_lines(block)]
-    prose = re.sub(r"```.*?```", "", readme, flags=re.S)
-    found += [("README", span) for span in re.findall(r"`([^`\n]+)`", prose)]
+    for page in documents():
+        text, where = page.read_text(), str(page.relative_to(REPO))
+        for language, block in FENCE.findall(text):
+            if language in ("", "bash", "sh"):  # python, yaml, bibtex blocks hold no shell commands
+                found += [(where, line) for line in _shell_lines(block)]
+        prose = FENCE.sub("", text)
+        found += [(where, span) for span in re.findall(r"`([^`\n]+)`", prose)]
     for script in sorted((REPO / "scripts").glob("*.sh")):
         text = script.read_text()
         for var, value in _script_defaults(text).items():
             text = text.replace(f"${var}", value).replace(f"${{{var}}}", value)
         found += [(script.name, line) for line in _shell_lines(text) if not line.startswith("#")]
     commands = [(where, line) for where, line in found if _kind(line)]
-    return list(dict.fromkeys(commands))
+    first = {}  # a command printed on several pages is checked once, where it appears first
+    for where, line in commands:
+        first.setdefault(line, where)
+    return [(where, line) for line, where in first.items()]
 
 
 # `$(command)` prints a value the reader's shell substitutes (e.g. a local model folder): a stand-in path here
@@ -116,12 +131,14 @@ TEMPLATE = re.compile(r"<[^>]+>")
 
 
 def test_the_readme_and_scripts_print_the_commands_this_file_checks():
-    """The collector sees the paper commands, the cookbook, the scripts and the sweeps (it cannot go blind)."""
+    """The collector sees the paper commands, the cookbook, the scripts and the sweeps (it cannot go blind), on the
+    README and on the docs pages."""
     kinds = {_kind(line) for _, line in COMMANDS}
     assert {"module:cory.train", "script:scripts/benchmark.py", "script:scripts/plot_frontier.py"} <= kinds
     assert {"make:run", "make:test"} <= kinds
     assert any(" -m " in f" {line} " and "cory.train" in line for _, line in COMMANDS if "seed=" in line)
     assert any(where.endswith(".sh") for where, _ in COMMANDS)
+    assert {"README.md", "docs/running.md", "docs/results.md"} <= {where for where, _ in COMMANDS}
 
 
 def _args(line: str) -> list[str]:
@@ -134,7 +151,7 @@ def _args(line: str) -> list[str]:
 
 @cache
 def _compose(overrides: tuple[str, ...], hydra: bool = False):
-    """`compose_cfg`, once per distinct override list (the README and the scripts print the same jobs)."""
+    """`compose_cfg`, once per distinct override list (the pages and the scripts print the same jobs)."""
     return compose_cfg(list(overrides), return_hydra_config=hydra)
 
 

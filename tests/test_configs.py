@@ -18,10 +18,10 @@ import pytest
 import torch
 from conftest import CONF_DIR, compose_cfg
 from hydra.core.hydra_config import HydraConfig
-from hydra.utils import get_object
+from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from cory.config import RUNNER_KEYS, validate
+from cory.config import validate
 from cory.errors import ConfigError
 from cory.policy import HANDLE_KEYS, LoraSettings
 from cory.ppo.learner import PPOConfig
@@ -64,6 +64,11 @@ def test_the_lists_above_cover_every_file():
         assert sorted(options) == sorted(files), group
 
 
+def _fields(node: DictConfig) -> set[str]:
+    """The keys of a config node that its `_target_` receives (Hydra's own `_target_`, `_partial_` left out)."""
+    return {str(k) for k in node if not str(k).startswith("_")}
+
+
 def _kwargs(node: DictConfig) -> dict:
     return {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if not k.startswith("_")}
 
@@ -86,24 +91,9 @@ def _check_targets(cfg: DictConfig) -> None:
     else:
         _bind(task, tokenizer=None)
     assert cfg.algorithm._partial_ is True
-    if cfg.algorithm.get("runner"):  # MAFT: the runner builds the object and its agents (cory/maft/runner.py)
-        assert callable(get_object(cfg.algorithm.runner))
-        algo = OmegaConf.masked_copy(cfg.algorithm, [k for k in cfg.algorithm if k not in RUNNER_KEYS])
-        _bind(algo, make_agents=None, store=None, seed=0)
-        _bind(
-            cfg.algorithm.agent_models,
-            None,
-            None,
-            [],
-            seed=0,
-            device="cpu",
-            precision="fp32",
-            generation_batch_size=cfg.hardware.generation_batch_size,
-        )
-    else:
-        algo = OmegaConf.masked_copy(cfg.algorithm, [k for k in cfg.algorithm if k != "agent"])
-        _bind(algo, task=None, make_agent=None, generation_batch_size=cfg.hardware.generation_batch_size)
-        PPOConfig(**OmegaConf.to_container(cfg.algorithm.agent))  # the learner block is exactly PPOConfig's fields
+    # the algorithm node builds (its learner and settings nodes too) and binds with the entry point's `context`
+    algorithm = instantiate(cfg.algorithm, _convert_="all")
+    inspect.signature(algorithm.func).bind(*algorithm.args, **algorithm.keywords, context=None)
     runtime = {"run_dir": "/tmp/x"}
     if cfg.logger._target_.endswith("WandbLogger"):
         runtime |= {"config": {}, "run_id": None, "name": "n", "tags": []}
@@ -172,15 +162,16 @@ def test_ppo_and_cory_share_the_learner_block(experiment):
     block is the same for both, key for key, except where `LEARNER_DIFFERENCES` lists and documents one."""
     extra = [f"experiment={experiment}"] if experiment else []
     ppo, cory = compose_cfg([*extra, "algorithm=ppo"]), compose_cfg([*extra, "algorithm=cory"])
-    assert {f.name for f in dataclasses.fields(PPOConfig)} == set(ppo.algorithm.agent) == set(cory.algorithm.agent)
+    fields = {f.name for f in dataclasses.fields(PPOConfig)}
+    assert fields == _fields(ppo.algorithm.agent) == _fields(cory.algorithm.agent)
     allowed = LEARNER_DIFFERENCES.get(ppo.task.name, set())
-    differ = {k for k in ppo.algorithm.agent if ppo.algorithm.agent[k] != cory.algorithm.agent[k]}
+    differ = {k for k in _fields(ppo.algorithm.agent) if ppo.algorithm.agent[k] != cory.algorithm.agent[k]}
     assert differ <= allowed, f"{experiment}: PPO and CORY learners differ in {sorted(differ - allowed)}"
 
 
 def test_learner_block_read_without_hydra_equals_the_composed_one():
     """`PPOConfig.from_yaml` (scripts that run without Hydra) reads the same numbers Hydra composes."""
-    composed = PPOConfig(**OmegaConf.to_container(compose_cfg(["~experiment"]).algorithm.agent))
+    composed = PPOConfig(**_kwargs(compose_cfg(["~experiment"]).algorithm.agent))
     assert PPOConfig.from_yaml() == composed
     assert PPOConfig.from_yaml(ppo_epochs=1) == dataclasses.replace(composed, ppo_epochs=1)
     with pytest.raises(TypeError):
@@ -285,8 +276,8 @@ def test_paper_experiments_override_from_the_command_line():
 @pytest.mark.parametrize("task", GROUPS["task"])
 def test_ppo_and_cory_share_the_learner_block_but_for_listed_differences(task):
     ppo, cory = (compose_cfg(["~experiment", f"task={task}", f"algorithm={a}"]) for a in ("ppo", "cory"))
-    assert {f.name for f in dataclasses.fields(PPOConfig)} == set(ppo.algorithm.agent)
-    differ = {k for k in ppo.algorithm.agent if ppo.algorithm.agent[k] != cory.algorithm.agent[k]}
+    assert {f.name for f in dataclasses.fields(PPOConfig)} == _fields(ppo.algorithm.agent)
+    differ = {k for k in _fields(ppo.algorithm.agent) if ppo.algorithm.agent[k] != cory.algorithm.agent[k]}
     assert differ == LEARNER_DIFFERENCES.get(task, set())
 
 
@@ -296,7 +287,7 @@ def test_tuning_files_set_only_listed_learner_values(tuning):
     algorithm, task = tuning.split("_", 1)
     values = OmegaConf.load(Path(CONF_DIR) / "tuning" / f"{tuning}.yaml")
     assert set(values) == {"algorithm"} and set(values.algorithm) == {"agent"}
-    assert set(values.algorithm.agent) <= LEARNER_DIFFERENCES[task]
+    assert _fields(values.algorithm.agent) <= LEARNER_DIFFERENCES[task]
     cfg = compose_cfg(["~experiment", f"task={task}", f"algorithm={algorithm}"])
     assert all(cfg.algorithm.agent[k] == v for k, v in values.algorithm.agent.items())
 
@@ -328,7 +319,7 @@ def test_hydra_run_dir_interpolation_resolves():
 def test_unknown_keys_and_targets_are_config_errors():
     with pytest.raises(ConfigError, match=r"^algorithm\.agent\.lr: unknown key .*allowed: learning_rate"):
         validate(compose_cfg(["experiment=smoke", "+algorithm.agent.lr=0.1"]))
-    with pytest.raises(ConfigError, match=r"^task\.reward\._target_=cory\.rewards\.Nope: cannot be imported"):
+    with pytest.raises(ConfigError, match=r"^task\.reward\._target_=cory\.tasks\.rewards\.Nope: cannot be imported"):
         validate(compose_cfg(["task=imdb", "task.reward._target_=cory.tasks.rewards.Nope"]))
     with pytest.raises(ConfigError, match=r"^model\.n_layers: unknown key for cory\.models\.build_tiny_gpt2"):
         validate(compose_cfg(["experiment=smoke", "+model.n_layers=3"]))

@@ -7,36 +7,44 @@ Real agents use the tiny GPT-2 of `experiment=smoke` on 4 queries; the long role
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from functools import partial
+import tempfile
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 from conftest import compose_cfg
-from from_config import algorithm_kwargs, task_kwargs
+from from_config import node_kwargs, task_kwargs
+from hydra.utils import instantiate
 
 from cory.algorithms.cory import CORY
+from cory.build import build_context
 from cory.ppo.core import RunningMoments
 from cory.ppo.learner import Agent
 from cory.tasks.toy import ToyTask
-from cory.train import build_agent, build_backbone, train
+from cory.train import train
 
 QUERIES = ["bcd", "fgh k", "lm", "npqr"]
 MAX_NEW = 3
 SMOKE_CORY = ("experiment=smoke", "algorithm=cory")
 
 
-def make_cory(overrides: tuple[str, ...] = (), task_cls: type[ToyTask] = ToyTask, **kwargs) -> CORY:
-    """A CORY on the smoke model (real agents): the composed config's switches, `kwargs` replaced."""
-    cfg = compose_cfg([*SMOKE_CORY, *overrides])
-    backbone = build_backbone(cfg.model, torch.device("cpu"))
-    task = task_cls(backbone.tokenizer, **task_kwargs("toy", SMOKE_CORY, num_train=8, num_eval=4))
-    make_agent = partial(
-        build_agent, backbone=backbone, reference=backbone.reference(), cfg=cfg, device=torch.device("cpu"), seed=0
-    )
-    switches = algorithm_kwargs("cory", [*SMOKE_CORY, *overrides], log_samples=len(QUERIES)) | kwargs
-    return CORY(task=task, make_agent=make_agent, **switches)
+def make_cory(
+    overrides: tuple[str, ...] = (), task_cls: type[ToyTask] = ToyTask, learner=None, **switches
+) -> CORY:
+    """A CORY on the smoke model (real agents, unless `learner` builds stubs): the composed config's switches,
+    `switches` replaced; every iteration trains on `QUERIES` with `MAX_NEW` new tokens."""
+    cfg = compose_cfg([*SMOKE_CORY, "batch_size=8", *overrides])
+    context = build_context(cfg, Path(tempfile.gettempdir()))
+    tokenizer = context.load_model()[1]
+    task = task_cls(tokenizer, **task_kwargs("toy", SMOKE_CORY, num_train=8, num_eval=4))
+    context = dataclasses.replace(context, task=lambda: task)
+    kwargs = node_kwargs(cfg.algorithm, drop=("agent",)) | {"log_samples": len(QUERIES)} | switches
+    cory = CORY(agent=learner or instantiate(cfg.algorithm.agent), **kwargs, context=context)
+    cory.team.batch = lambda k: (QUERIES, MAX_NEW)
+    return cory
 
 
 @pytest.fixture
@@ -91,7 +99,7 @@ def test_reference_is_one_shared_frozen_model():
         assert not ref_ptrs & {p.data_ptr() for p in agent.policy.parameters()}
     before, policy_before = {k: v.clone() for k, v in ref.state_dict().items()}, params(a)
     for k in range(2):
-        cory.step(QUERIES, MAX_NEW, k)
+        cory.step(k)
     assert same(before, dict(ref.state_dict()))  # bit-identical after four PPO updates
     assert not same(policy_before, params(a))  # while the policy did move
 
@@ -100,7 +108,7 @@ def test_reference_is_one_shared_frozen_model():
 @pytest.mark.parametrize("knowledge_transfer", [True, False])
 def test_observer_prompt(calls, knowledge_transfer):
     cory = make_cory(knowledge_transfer=knowledge_transfer)
-    out = cory.step(QUERIES, MAX_NEW, 0)
+    out = cory.step(0)
     (pio_name, pio_prompts, pio), (obs_name, obs_prompts, obs) = calls.act
     assert (pio_name, obs_name) == ("llm1", "llm2")
     assert pio_prompts == QUERIES
@@ -125,7 +133,7 @@ def test_both_agents_get_the_same_collective_reward(calls):
     scored = []
     score = cory.task.score
     cory.task.score = lambda q, r: scored.append(score(q, r)) or scored[-1]
-    cory.step(QUERIES, MAX_NEW, 0)
+    cory.step(0)
     r1, r2 = (torch.tensor(s) for s in scored)  # pioneer's, then observer's task rewards on q + own response
     (n1, s1), (n2, s2) = calls.learn
     assert (n1, n2) == ("llm1", "llm2")
@@ -153,6 +161,9 @@ class StubAgent:
         self.learned.append(scores.clone())
         return {"kl_coef": 0.3}
 
+    def context_length(self) -> None:
+        return None
+
 
 class StubTask(ToyTask):
     """Reward 1 for any observer-role response that saw the pioneer (prompt has '|'), and 0.25 for a pioneer."""
@@ -161,15 +172,26 @@ class StubTask(ToyTask):
         return [1.0 if "|" in r else 0.25 for r in responses]
 
 
+class StubLearner:
+    """Builds `StubAgent`s in place of the PPO learner's agents."""
+
+    init_kl_coef = 0.3
+
+    def check_batch(self, batch_size: int) -> None:
+        pass
+
+    def build(self, name: str, *args, **kwargs) -> StubAgent:
+        return StubAgent(name)
+
+
 def stub_cory(**kwargs) -> CORY:
-    task = StubTask(None, **task_kwargs("toy", num_train=8, num_eval=2))
-    return CORY(task=task, make_agent=StubAgent, **algorithm_kwargs("cory", **kwargs))
+    return make_cory(task_cls=StubTask, learner=StubLearner(), **kwargs)
 
 
 @pytest.mark.parametrize("w_other, pioneer, observer", [(1.0, 1.25, 1.25), (-1.0, -0.75, 0.75), (0.0, 0.25, 1.0)])
 def test_collective_reward_weights(w_other, pioneer, observer):
     cory = stub_cory(w_self=1.0, w_other=w_other)
-    cory.step(QUERIES, MAX_NEW, 0)
+    cory.step(0)
     assert torch.equal(cory.agents["llm1"].learned[0], torch.full((4,), pioneer))
     assert torch.equal(cory.agents["llm2"].learned[0], torch.full((4,), observer))
 
@@ -178,7 +200,7 @@ def test_collective_reward_weights(w_other, pioneer, observer):
 @pytest.mark.parametrize("role_exchange", [True, False])
 def test_role_schedule_period_5(role_exchange):
     cory = stub_cory(swap_period=5, role_exchange=role_exchange)
-    roles = [cory.step(QUERIES, MAX_NEW, k).metrics["cory/llm1_role"] for k in range(20)]
+    roles = [cory.step(k).metrics["cory/llm1_role"] for k in range(20)]
     expected = [0.0] * 5 + [1.0] * 5 + [0.0] * 5 + [1.0] * 5 if role_exchange else [0.0] * 20
     assert roles == expected
     assert cory.swaps == (4 if role_exchange else 0)
@@ -186,7 +208,7 @@ def test_role_schedule_period_5(role_exchange):
 
 def test_role_swap_with_real_agents(calls):
     cory = make_cory(swap_period=2)
-    roles = [cory.step(QUERIES, MAX_NEW, k).metrics["cory/llm1_role"] for k in range(3)]
+    roles = [cory.step(k).metrics["cory/llm1_role"] for k in range(3)]
     assert roles == [0.0, 0.0, 1.0]
     assert [name for name, *_ in calls.act] == ["llm1", "llm2", "llm1", "llm2", "llm2", "llm1"]  # pioneer first
     assert calls.act[4][1] == QUERIES  # llm2, now pioneer, gets the query-only prompt
@@ -215,8 +237,9 @@ def test_swap_keeps_or_resets_training_state(monkeypatch, faithful):
         return stats
 
     monkeypatch.setattr(Agent, "learn", learn_then_snapshot)
-    out = cory.step(QUERIES, MAX_NEW, 0)
-    assert cory.roles == {"pioneer": "llm2", "observer": "llm1"} and out.reseed is faithful
+    cory.step(0)
+    assert cory.roles == {"pioneer": "llm2", "observer": "llm1"}
+    assert cory.team.schedule.reseed_at == (1 if faithful else 0)  # the official swap restarts the length draws
     for agent in agents:
         adam, weights, kl_coef, moments, optimizer = before[agent.name]
         init = agent.config.init_kl_coef
@@ -238,7 +261,7 @@ def test_swap_keeps_or_resets_training_state(monkeypatch, faithful):
             assert agent.kl_ctl.value == kl_coef and agent.score_moments == moments
             assert agent.steps_since_load == 1
     # the next update continues (or restarts) Adam's step count: 2 epochs × 1 backward batch per update
-    cory.step(QUERIES, MAX_NEW, 1)
+    cory.step(1)
     steps = {float(s["step"][1]) for name in cory.agents for s in before[name][0].values()}
     assert steps == ({2.0} if faithful else {4.0})
 

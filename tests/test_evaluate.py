@@ -22,8 +22,9 @@ from conftest import compose_cfg
 from hydra.utils import instantiate
 
 import cory.evaluate
+from cory.build import build_backbone
 from cory.evaluate import evaluate_run, sample_chunk, summarize
-from cory.train import build_backbone, train
+from cory.train import train
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -20,7 +20,7 @@ from conftest import compose_cfg
 from hydra.utils import instantiate
 from test_train import check_run_folder, read_rows
 
-import cory.trainer
+import cory.algorithms.team
 from cory.config import validate
 from cory.evaluate import evaluate_run
 from cory.tasks.answers import extract_answer
@@ -128,13 +128,13 @@ def test_arithmetic_problems_are_distinct_and_exact():
 @pytest.mark.parametrize("algorithm", ["ppo", "cory"])
 def test_lora_run_on_arithmetic_end_to_end(tmp_path, monkeypatch, algorithm):
     """Periodic evaluations use a prefix of the first and final ones' held-out problems (num_eval ≤ num_eval_final)."""
-    evaluated, real = [], cory.trainer.evaluate
+    evaluated, real = [], cory.algorithms.team.evaluate
 
     def spy(agent, task, queries, lengths, batch_size, seed):
         evaluated.append(list(queries))
         return real(agent, task, queries, lengths, batch_size, seed)
 
-    monkeypatch.setattr(cory.trainer, "evaluate", spy)
+    monkeypatch.setattr(cory.algorithms.team, "evaluate", spy)
     cfg = compose_cfg(["experiment=gsm8k_smoke", f"algorithm={algorithm}", "progress=false"])
     train(cfg, tmp_path / "run")
     check_run_folder(tmp_path / "run", algorithm, cfg.iterations)
@@ -145,7 +145,7 @@ def test_lora_run_on_arithmetic_end_to_end(tmp_path, monkeypatch, algorithm):
     eval_rows = [r for r in read_rows(tmp_path / "run") if "eval/llm1/no_answer_rate" in r]
     assert len(eval_rows) == 3 and all(0 <= r["eval/llm1/no_answer_rate"] <= 1 for r in eval_rows)
     checkpoint = sorted((tmp_path / "run" / "checkpoints").iterdir())[-1]
-    assert (checkpoint / "agents" / "llm1" / "adapter_model.safetensors").exists()
+    assert (checkpoint / "algorithm" / "llm1" / "adapter_model.safetensors").exists()
     assert not list(checkpoint.rglob("policy.safetensors"))  # the base is never written
 
 
@@ -170,16 +170,18 @@ def test_the_paper_commands_compose(command):
 
 
 def _readme_commands(prefix: str) -> list[str]:
-    """Every backticked README command that starts with `prefix` and mentions GSM8K's experiments."""
-    text = (REPO / "README.md").read_text()
+    """Every backticked command of the README and the docs pages that starts with `prefix` and mentions GSM8K's
+    experiments."""
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    text = "\n".join(page.read_text() for page in pages)
     found = [c for c in re.findall(r"`([^`\n]+)`", text) if c.startswith(prefix) and "gsm8k" in c]
     return list(dict.fromkeys(found))
 
 
 @pytest.mark.parametrize("command", _readme_commands("python -m cory.train -m "))
 def test_the_readme_gsm8k_sweeps_compose(command):
-    """Each run of each GSM8K sweep the README prints (its sweep file's jobs, `tests/test_commands.py`'s expansion)
-    composes and validates up to the missing GPU."""
+    """Each run of each GSM8K sweep the README and the docs pages print (its sweep file's jobs,
+    `tests/test_commands.py`'s expansion) composes and validates up to the missing GPU."""
     from test_commands import _jobs
 
     jobs, seeds = _jobs(command.removeprefix("python -m cory.train -m ").split())

@@ -27,10 +27,10 @@ from runners import REPO, cli, env, finished_run, one_error_line, run_main, star
 from test_train import smoke
 
 import cory.models
+from cory.checkpoints import latest_checkpoint
 from cory.errors import AssetUnavailableError, ConfigError
 from cory.tasks.rewards import TfidfSentimentReward
 from cory.train import train
-from cory.trainer import latest_checkpoint
 
 # A bad input must fail at start-up cost: no model load, no Hub retry (each costs >= 25 s). Start-up itself takes
 # ~10 s on an idle 2-CPU machine and 30 s or more on a loaded one, so the bound is relative: the slowest of two
@@ -157,7 +157,6 @@ BAD = {  # override → key the one-line message must name
     "algorithm.agent.init_kl_coef=-0.1": "algorithm.agent.init_kl_coef",
     "algorithm.agent.kl_penalty=kl2": "algorithm.agent.kl_penalty",
     "+algorithm.agent.lr=0.1": "algorithm.agent.lr",
-    "batch_size=1024": "batch_size",
     "iterations=0": "iterations",
     "save_every=-1": "save_every",
     "model=gpt2 model.name_or_path=/nonexistent/dir": "model.name_or_path",
@@ -182,6 +181,15 @@ def test_bad_config_fails_before_any_model_loads(tmp_path, monkeypatch, override
     assert BAD[override] in message and "\n" not in message
     if "kl_penalty" in override:
         assert "allowed" in message and "'full'" in message
+
+
+def test_a_batch_larger_than_the_training_set_is_one_line(tmp_path):
+    """The task's size is known once it is built (after the tokenizer loads): still one line, before any step."""
+    with pytest.raises(ConfigError) as err:
+        train(smoke(tmp_path, "batch_size=1024"), tmp_path / "run")
+    message = str(err.value)
+    assert message.startswith("batch_size=1024: the task has only") and "\n" not in message
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
 @pytest.mark.parametrize(

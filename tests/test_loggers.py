@@ -10,19 +10,23 @@ import math
 
 import pytest
 
-from cory.loggers import (
-    METRICS,
-    JsonlLogger,
-    WandbLogger,
-    eval_key,
-    is_known_metric,
-    metrics_markdown_table,
-    ppo_key,
-    resolve_wandb_mode,
-    role_key,
-    strip_secrets,
-    train_key,
-)
+from cory.algorithms.cory import CORY_METRICS
+from cory.loggers import JsonlLogger, WandbLogger, resolve_wandb_mode, strip_secrets
+from cory.metrics import RUN_METRICS, eval_key, markdown_table, ppo_key, role_key, train_key
+from cory.metrics import is_known_metric as _is_known
+from cory.ppo.metrics import PPO_METRICS
+
+# What PPO and CORY runs log: the PPO learner's names, CORY's by-role views, the trainer's own (docs/metrics.md).
+METRICS = PPO_METRICS | CORY_METRICS | RUN_METRICS
+
+
+def is_known_metric(name: str) -> bool:
+    return _is_known(name, METRICS)
+
+
+def metrics_markdown_table(catalogue: dict[str, str] | None = None) -> str:
+    """The docs table of `catalogue` (PPO and CORY's names by default)."""
+    return markdown_table(METRICS if catalogue is None else catalogue)
 
 
 @pytest.fixture(autouse=True)
@@ -215,21 +219,22 @@ def test_key_helpers_and_known_names():
 
 
 def test_readme_documents_every_metric() -> None:
-    """The README's metric table is `metrics_markdown_table()` verbatim: every metric, every definition."""
+    """The metric table of docs/metrics.md (the README links it) is `metrics_markdown_table()` verbatim: every
+    metric, every definition."""
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    assert metrics_markdown_table() in readme, "paste cory.loggers.metrics_markdown_table() into README.md"
+    page = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text()
+    assert metrics_markdown_table() in page, "paste metrics_markdown_table()'s output into docs/metrics.md"
 
 
 def test_readme_documents_every_maft_metric() -> None:
-    """Multiagent Finetuning's metric table is in the README too, generated from `MAFT_METRICS` (a MAFT run logs
-    only names of that table: tests/test_maft_runner.py)."""
+    """Multiagent Finetuning's metric table is in docs/metrics.md too, generated from `MAFT_METRICS` (a MAFT run
+    logs only names of that table: tests/test_maft.py)."""
     from pathlib import Path
 
     from cory.maft.metrics import MAFT_METRICS
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    page = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text()
     table = metrics_markdown_table(MAFT_METRICS)
-    assert table in readme, "paste cory.loggers.metrics_markdown_table(MAFT_METRICS) into README.md"
+    assert table in page, "paste metrics_markdown_table(MAFT_METRICS)'s output into docs/metrics.md"
     assert table != metrics_markdown_table()

@@ -17,12 +17,12 @@ import os
 import signal
 import subprocess
 import sys
-from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import compose_cfg
+from from_config import algorithm_from
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
@@ -34,7 +34,7 @@ from cory.errors import ConfigError
 from cory.models import build_tiny_llama, load_pretrained
 from cory.policy import HANDLE_KEYS, AdapterFreeReference
 from cory.ppo.rollout import generate
-from cory.train import build_agent, build_backbone, train
+from cory.train import train
 
 CPU = torch.device("cpu")
 REPO = Path(__file__).resolve().parents[1]
@@ -46,13 +46,10 @@ def smoke(*overrides: str):
 
 
 def make_algorithm(cfg):
-    """The algorithm `train` builds from `cfg`, with its backbone (no trainer, no logger)."""
-    backbone = build_backbone(cfg.model, CPU)
-    task = instantiate(cfg.task, tokenizer=backbone.tokenizer, _convert_="all")
-    make_agent = partial(build_agent, backbone=backbone, reference=backbone.reference(), cfg=cfg, device=CPU, seed=0)
-    algo = OmegaConf.masked_copy(cfg.algorithm, [k for k in cfg.algorithm if k != "agent"])
-    algorithm = instantiate(algo, _convert_="all")(task=task, make_agent=make_agent, generation_batch_size=16)
-    return algorithm, backbone
+    """The algorithm `train` builds from `cfg`, with its backbone (no trainer, no logger); every iteration trains
+    on `QUERIES` with 4 new tokens."""
+    algorithm = algorithm_from(cfg, batch=(QUERIES, 4))
+    return algorithm, algorithm.team.context.backbone()
 
 
 def adapter(agent) -> dict[str, torch.Tensor]:
@@ -74,7 +71,7 @@ def changed(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> 
 
 def step(algorithm, iterations: int, start: int = 0) -> None:
     for k in range(start, start + iterations):
-        algorithm.step(QUERIES, 4, k)
+        algorithm.step(k)
 
 
 # --------------------------------------------------------------------------------------------- construction
@@ -167,8 +164,9 @@ def test_the_official_swap_resets_each_agents_own_state():
     algorithm, _ = make_algorithm(cfg)
     a = algorithm.agents["llm1"]
     before = adapter(a)
-    out = algorithm.step(QUERIES, 4, 0)
-    assert out.reseed and changed(before, adapter(a))  # it learned, then the swap reset its training state
+    algorithm.step(0)
+    # it learned, then the swap reset its training state and restarted the length draws
+    assert algorithm.team.schedule.reseed_at == 1 and changed(before, adapter(a))
     assert a.optimizer.state_dict()["state"] == {} and a.kl_ctl.value == cfg.algorithm.agent.init_kl_coef
     assert {id(p) for g in a.optimizer.param_groups for p in g["params"]} == {id(p) for p in a.trainable_parameters()}
 
@@ -179,7 +177,7 @@ def test_one_shared_base_gives_the_numbers_of_separate_copies():
     for share in ("true", "false"):
         algorithm, _ = make_algorithm(smoke("algorithm=cory", f"model.lora.share_base={share}"))
         torch.manual_seed(0)
-        outs = [algorithm.step(QUERIES, 4, k).metrics for k in range(2)]
+        outs = [algorithm.step(k).metrics for k in range(2)]
         metrics[share] = (outs, {i: adapter(agent) for i, agent in algorithm.agents.items()})
     shared, separate = metrics["true"], metrics["false"]
     assert shared[1]["llm1"] and all(

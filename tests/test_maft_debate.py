@@ -1,5 +1,6 @@
 """Multiagent Finetuning without a model: the debate's prompts, the vote, the per-agent data and the metrics
-(`cory/maft/debate.py`, `cory/maft/metrics.py`, `cory/algorithms/maft.py` driven by a scripted agent pool).
+(`cory/maft/debate.py`, `cory/maft/metrics.py`, `cory/algorithms/maft.py` driven by a scripted agent pool and a run
+context without a model).
 Run: `pytest tests/test_maft_debate.py` (a few seconds)."""
 
 from __future__ import annotations
@@ -7,12 +8,13 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
+from functools import partial
 
 import numpy as np
 import pytest
 import torch
 from hydra.utils import instantiate
-from maft_fakes import ScriptedPool, maft_cfg
+from maft_fakes import Problems, fake_context, maft_cfg, no_model, scripted_agent_models
 from omegaconf import OmegaConf
 
 from cory.errors import ConfigError
@@ -25,7 +27,6 @@ from cory.maft.metrics import (
     mean_and_se,
     pairwise_dissimilarity,
 )
-from cory.maft.store import RunStore
 from cory.tasks.problems import Problem
 
 PROBLEMS = [Problem("What is the result of 2+3?", "5"), Problem("What is the result of 4+4?", "8")]
@@ -44,12 +45,12 @@ def tagged_answer(name: str | None, chat: list[dict]) -> str:
     return f"{name}@p{problem}#r{rounds} so \\boxed{{{0 if wrong else PROBLEMS[problem].answer}}}"
 
 
-def make_maft(tmp_path, answer, overrides: list[str] | None = None):
+def make_maft(tmp_path, answer, overrides: list[str] | None = None, load_model=lambda: (None, None)):
+    """MAFT as the entry point builds it (`algorithm` node + context), its agents a `ScriptedPool`."""
     cfg = maft_cfg(tmp_path, ["algorithm.num_agents=3", *(overrides or [])])
-    node = OmegaConf.masked_copy(cfg.algorithm, [k for k in cfg.algorithm if k not in ("runner", "agent_models")])
-    return instantiate(node, _convert_="all")(
-        make_agents=lambda names: ScriptedPool(names, answer), store=RunStore(tmp_path), seed=0
-    )
+    node = OmegaConf.masked_copy(cfg.algorithm, [k for k in cfg.algorithm if k != "agent_models"])
+    context = fake_context(tmp_path, Problems(PROBLEMS), load_model=load_model)
+    return instantiate(node, _convert_="all")(agent_models=scripted_agent_models(answer), context=context)
 
 
 @pytest.mark.parametrize("summarize", [False, True])
@@ -186,11 +187,45 @@ def test_single_agent_ft_trains_one_shared_model_on_everyones_data(tmp_path):
         ("algorithm.filter=votes", r"^algorithm\.filter='votes': allowed vote, ground_truth$"),
         ("algorithm.critic_mix_w=0", r"^algorithm\.critic_mix_w=0: must lie in \(0, 1\]$"),
         ("algorithm.num_agents=1", r"^algorithm\.debate_rounds > 1 needs num_agents >= 2"),
+        ("algorithm.finetune_from=scratch", r"^algorithm\.finetune_from='scratch': previous, base$"),
     ],
 )
-def test_bad_settings_are_one_line_config_errors(tmp_path, override, message):
-    with pytest.raises(ConfigError, match=message):
-        make_maft(tmp_path, tagged_answer, [override])
+def test_bad_settings_are_one_line_config_errors_before_the_model_loads(tmp_path, override, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        make_maft(tmp_path, tagged_answer, [override], load_model=no_model)
+    assert "\n" not in str(err.value)
+
+
+def test_a_task_without_problems_is_refused_in_one_line(tmp_path):
+    class Prompts:  # a task of prompts and a reward (IMDB), not of problems
+        name = "imdb"
+
+    cfg = maft_cfg(tmp_path)
+    node = OmegaConf.masked_copy(cfg.algorithm, [k for k in cfg.algorithm if k != "agent_models"])
+    build = partial(instantiate(node, _convert_="all"), agent_models=scripted_agent_models(tagged_answer))
+    with pytest.raises(ConfigError, match=r"^task imdb provides no problems .* needs a reasoning task"):
+        build(context=fake_context(tmp_path, Prompts()))
+    with pytest.raises(ConfigError, match=r"^task: no held-out problems to evaluate on$"):
+        build(context=fake_context(tmp_path, Problems(PROBLEMS, [])))
+
+
+def test_one_iteration_is_one_round_and_the_evaluation_after_k_rounds_is_round_k(tmp_path):
+    """`step(k)` runs fine-tuning round k + 1 (its stages under rounds/<k + 1>/), `evaluate(k)` the held-out debate
+    after k rounds; a stop requested between two debate rounds returns None and keeps the finished one."""
+    maft = make_maft(tmp_path, tagged_answer)
+    out = maft.step(0)
+    assert out.metrics["maft/train/accuracy"] == 1.0 and out.headline["train_accuracy"] == 1.0
+    assert not out.nonfinite and maft.rounds_done == 1
+    assert (tmp_path / "rounds" / "1" / "train_debate_r2.jsonl").exists()
+    assert not (tmp_path / "rounds" / "0").exists()
+    stops = iter([False, True])
+    assert maft.evaluate(1, final=True, should_stop=lambda: next(stops)) is None
+    assert sorted(p.name for p in (tmp_path / "rounds" / "1").glob("eval_*")) == ["eval_debate_r1.jsonl"]
+    calls = len(maft.pool.calls)
+    evaluation = maft.evaluate(1, final=True, should_stop=lambda: False)
+    assert len(maft.pool.calls) == calls + 4  # only debate round 2 was left: the base's summaries, three critics
+    assert evaluation.metrics["maft/eval/accuracy"] == 1.0 and evaluation.tables[0][0] == "maft/debates"
+    assert maft.describe() == {"algorithm": "maft", "num_agents": 3, "single_agent_ft": False}
 
 
 def test_metrics_on_hand_made_debates():

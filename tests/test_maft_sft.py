@@ -158,6 +158,9 @@ def test_full_copies_train_one_copy_and_keep_the_base(tmp_path):
     model, tokenizer = tiny_llama()
     pool = FullCopies(model, tokenizer, **pool_kwargs(["gen1", "gen2"]), chat_template=CHAT_TEMPLATE)
     base, gen2 = snapshot(pool.base), snapshot(pool.copies["gen2"])
+    own = pool.parameters("gen1")  # what the trainer checks for finiteness: every weight of gen1's copy
+    assert {id(p) for p in own} == {id(p) for p in pool.copies["gen1"].parameters()} and own
+    assert not {id(p) for p in own} & {id(p) for p in pool.parameters("gen2")}
     pool.finetune("gen1", [CRITIC_CHAT] * 2, SETTINGS, seed=0)
     assert any(not torch.equal(v, base[k]) for k, v in pool.state_dict("gen1").items())
     assert all(torch.equal(v, gen2[k]) for k, v in pool.state_dict("gen2").items())

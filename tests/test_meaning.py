@@ -31,18 +31,18 @@ from from_config import learner, task_kwargs
 from test_cory import QUERIES, make_cory
 from test_train import smoke
 
-import cory.algorithms.base
 import cory.algorithms.cory
 import cory.algorithms.ppo
-import cory.loggers
 import cory.ppo.evaluation
 import cory.ppo.learner
+import cory.ppo.metrics
 from cory.algorithms.cory import CORY
+from cory.algorithms.team import AgentTeam
+from cory.metrics import AGENT_PLACEHOLDER, RUN_METRICS, is_known_metric
 from cory.models import build_tiny_gpt2, make_reference
 from cory.ppo.learner import Agent
 from cory.tasks.toy import ToyTask
 from cory.train import train
-from cory.trainer import Trainer
 
 MAX_NEW = 4
 Check = Callable[[Path], None]
@@ -89,7 +89,7 @@ def one_cory_step(**switches) -> SimpleNamespace:
         mp.setattr(Agent, "learn", learn_spy)
         algorithm = make_cory(task_cls=EchoTask, **switches)
         torch.manual_seed(0)
-        calls.out = algorithm.step(QUERIES, MAX_NEW, 0)
+        calls.out = algorithm.step(0)
     calls.task = algorithm.task
     return calls
 
@@ -172,16 +172,16 @@ def check_faithful_swap_restarts_rng_streams_and_length_draws(tmp: Path) -> None
     seen: dict[int, dict] = {}
     step = CORY.step
 
-    def step_spy(self, queries, max_new_tokens, iteration):
+    def step_spy(self, iteration):
         seen[iteration] = {
-            "max_new_tokens": max_new_tokens,
+            "max_new_tokens": self.team.schedule.max_new_tokens(iteration),
             "torch": torch.get_rng_state(),
             "numpy": np.random.get_state()[1].copy(),
             "python": random.getstate(),
             "agents": {k: a.rng.get_state()[1].copy() for k, a in self.agents.items()},
             "fresh": {k: np.random.RandomState(a.seed).get_state()[1] for k, a in self.agents.items()},
         }
-        return step(self, queries, max_new_tokens, iteration)
+        return step(self, iteration)
 
     overrides = (*FAITHFUL, "iterations=5", "batch_size=4", "num_eval=2", "eval_every=0", "save_every=0")
     with pytest.MonkeyPatch.context() as mp:
@@ -217,6 +217,11 @@ METRIC_RUNS = {
 }
 
 
+def catalogue() -> dict[str, str]:
+    """Every name PPO and CORY runs may log: the trainer's, the PPO learner's and CORY's catalogues."""
+    return RUN_METRICS | cory.ppo.metrics.PPO_METRICS | cory.algorithms.cory.CORY_METRICS
+
+
 def logged_names(tmp: Path, run: str) -> set[str]:
     """Every metric name in metrics.jsonl of the `METRIC_RUNS[run]` smoke run."""
     overrides = METRIC_RUNS[run]
@@ -232,20 +237,20 @@ def logged_names(tmp: Path, run: str) -> set[str]:
 def check_every_emitted_metric_is_defined(tmp: Path) -> None:
     """Every name a run logs has a definition in the metric table (`METRICS`, the README table)."""
     for run in METRIC_RUNS:
-        undefined = sorted(n for n in logged_names(tmp, run) if not cory.loggers.is_known_metric(n))
+        undefined = sorted(n for n in logged_names(tmp, run) if not is_known_metric(n, catalogue()))
         assert not undefined, f"{run} emits metrics the table does not define: {undefined}"
 
 
 def check_every_defined_metric_is_emitted(tmp: Path) -> None:
     """No definition in the table is dead: the runs together emit every one of them."""
     names = set().union(*(logged_names(tmp, run) for run in METRIC_RUNS))
-    dead = [p for p in cory.loggers.METRICS if not any(_matches(n, p) for n in names)]
+    dead = [p for p in catalogue() if not any(_matches(n, p) for n in names)]
     assert not dead, f"the metric table defines names no run emits: {dead}"
 
 
 def _matches(name: str, pattern: str) -> bool:
     parts, want = name.split("/"), pattern.split("/")
-    return len(parts) == len(want) and all(w in (p, cory.loggers.AGENT_PLACEHOLDER) for p, w in zip(parts, want))
+    return len(parts) == len(want) and all(w in (p, AGENT_PLACEHOLDER) for p, w in zip(parts, want))
 
 
 def check_logged_statistics_follow_their_definitions(tmp: Path) -> None:
@@ -255,7 +260,7 @@ def check_logged_statistics_follow_their_definitions(tmp: Path) -> None:
     mask = torch.tensor([[1, 0, 0], [1, 1, 1]])
     rollout = SimpleNamespace(kls=kls, response_mask=mask, prompt_mask=torch.ones(2, 2), hit_max_tokens=mask[:, 2])
     stats = {"kl_coef": 0.05, "scaled_score": 0.25}
-    m = cory.algorithms.base.agent_metrics("llm1", rollout, [1.0, 0.0], [1.5, 0.5], stats, eval_kl_coef=0.3)
+    m = cory.ppo.metrics.agent_metrics("llm1", rollout, [1.0, 0.0], [1.5, 0.5], stats, eval_kl_coef=0.3)
     assert m["train/llm1/kl"] == pytest.approx((2 + 3) / 2)
     assert m["train/llm1/kl_per_token"] == pytest.approx((2 / 1 + 3 / 3) / 2), "kl_per_token is not mean(KL/T)"
     assert m["train/llm1/combined_reward"] == pytest.approx(((1 - 0.3 * 2) + (0 - 0.3 * 3)) / 2), "η_eval"
@@ -270,11 +275,11 @@ def _patch_cory_step(*edits: tuple[str, str]):
 
 
 def _patch_reseed(old: str, new: str):
-    return lambda mp: mp.setattr(Trainer, "_reseed", mutated(Trainer._reseed, (old, new)))
+    return lambda mp: mp.setattr(AgentTeam, "reseed", mutated(AgentTeam.reseed, (old, new)))
 
 
 def _extra_metric(mp: pytest.MonkeyPatch) -> None:
-    real = cory.algorithms.base.agent_metrics
+    real = cory.ppo.metrics.agent_metrics
 
     def with_extra(agent_id, *args, **kwargs):
         return real(agent_id, *args, **kwargs) | {f"train/{agent_id}/kl_token_weighted": 0.0}
@@ -285,7 +290,7 @@ def _extra_metric(mp: pytest.MonkeyPatch) -> None:
 
 def _stat(old: str, new: str):
     return lambda mp: mp.setattr(
-        cory.algorithms.base, "agent_metrics", mutated(cory.algorithms.base.agent_metrics, (old, new))
+        cory.ppo.metrics, "agent_metrics", mutated(cory.ppo.metrics.agent_metrics, (old, new))
     )
 
 
@@ -321,14 +326,16 @@ WRONG_VERSIONS: dict[Check, dict[str, Callable[[pytest.MonkeyPatch], None]]] = {
         ),
     },
     check_faithful_swap_restarts_rng_streams_and_length_draws: {
-        "no reseed requested at the swap": _patch_cory_step(("reseed = True", "reseed = False")),
-        "global RNGs not reseeded": _patch_reseed("runtime.seed_everything(self.s.seed)", "pass"),
+        "no reseed requested at the swap": _patch_cory_step(("self.team.reseed(iteration + 1)", "pass")),
+        "global RNGs not reseeded": _patch_reseed("runtime.seed_everything(self.seed)", "pass"),
         "agent streams not restarted": _patch_reseed("agent.rng = np.random.RandomState(agent.seed)", "pass"),
-        "length draws not restarted": _patch_reseed("self.reseed_at = at", "pass"),
+        "length draws not restarted": _patch_reseed("self.schedule.reseed_at = at", "pass"),
     },
     check_every_emitted_metric_is_defined: {"an undefined metric emitted": _extra_metric},
     check_every_defined_metric_is_emitted: {
-        "a definition nothing emits": lambda mp: mp.setitem(cory.loggers.METRICS, "train/<agent>/unused", "never")
+        "a definition nothing emits": lambda mp: mp.setitem(
+            cory.ppo.metrics.PPO_METRICS, "train/<agent>/unused", "never"
+        )
     },
     check_logged_statistics_follow_their_definitions: {
         "kl_per_token as a token-weighted mean": _stat("(kl_seq / lengths).mean()", "kl_seq.sum() / lengths.sum()"),

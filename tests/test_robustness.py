@@ -52,10 +52,12 @@ import cory.models
 import cory.ppo.learner
 import cory.train
 from cory.algorithms.ppo import PPO
+from cory.algorithms.team import QuerySchedule
+from cory.checkpoints import latest_checkpoint
 from cory.errors import CheckpointError, NonFiniteError
 from cory.tasks.toy import ToyTask
 from cory.train import train
-from cory.trainer import Trainer, latest_checkpoint
+from cory.trainer import Trainer
 
 # Six iterations, a checkpoint every two, an evaluation every two (smoke's); CORY swaps roles every two, so a
 # swap falls after every checkpoint a resume starts from.
@@ -187,12 +189,16 @@ def _drop_key(path: Path) -> None:
 
 
 DAMAGE = {  # what is done to the checkpoint → what the one-line refusal must say
-    "truncated weights": ("agents/llm1/policy.safetensors", _truncate, r"is corrupt .*agents/llm1"),
+    "truncated weights": ("algorithm/llm1/policy.safetensors", _truncate, r"is corrupt .*algorithm/llm1"),
     "trainer.json not json": ("trainer.json", lambda p: p.write_text("{not json"), r"is unreadable"),
     "trainer.json lacks a key": ("trainer.json", _drop_key, r"is unreadable \(trainer.json lacks rng\)"),
-    "empty optimizer": ("agents/llm1/optimizer.pt", lambda p: p.write_bytes(b""), r"optimizer.pt is empty"),
-    "a pickle": ("agents/llm1/optimizer.pt", lambda p: torch.save({"x": Evil()}, p), r"objects other than tensors"),
-    "NaN weights": ("agents/llm1/policy.safetensors", _nan_weight, r"holds non-finite values in agents/llm1"),
+    "empty optimizer": ("algorithm/llm1/optimizer.pt", lambda p: p.write_bytes(b""), r"optimizer.pt is empty"),
+    "a pickle": (
+        "algorithm/llm1/optimizer.pt",
+        lambda p: torch.save({"x": Evil()}, p),
+        r"objects other than tensors",
+    ),
+    "NaN weights": ("algorithm/llm1/policy.safetensors", _nan_weight, r"holds non-finite values in algorithm/llm1"),
 }
 
 
@@ -215,9 +221,10 @@ def test_checkpoints_hold_no_pickle_but_the_optimizer(tmp_path):
     ckpt = latest_checkpoint(finished_run(tmp_path))
     files = sorted(str(p.relative_to(ckpt)) for p in ckpt.rglob("*") if p.is_file())
     assert files == [
-        "agents/llm1/agent.json",
-        "agents/llm1/optimizer.pt",
-        "agents/llm1/policy.safetensors",
+        "algorithm/llm1/agent.json",
+        "algorithm/llm1/optimizer.pt",
+        "algorithm/llm1/policy.safetensors",
+        "algorithm/team.json",
         "torch_rng.safetensors",
         "trainer.json",
     ]
@@ -227,7 +234,7 @@ def test_checkpoints_hold_no_pickle_but_the_optimizer(tmp_path):
             json.loads(path.read_text())
         elif name.endswith(".safetensors"):
             load_file(str(path))
-    state = torch.load(ckpt / "agents/llm1/optimizer.pt", weights_only=True)  # tensors and plain containers only
+    state = torch.load(ckpt / "algorithm/llm1/optimizer.pt", weights_only=True)  # tensors and plain containers only
     assert state["state"]
 
 
@@ -286,7 +293,7 @@ def test_nonfinite_weights_stop_the_run_before_they_are_saved(tmp_path, monkeypa
     with pytest.raises(NonFiniteError) as err:
         start_run(tmp_path, run_dir, *overrides("ppo")[1:])
     text = str(err.value)
-    assert text.startswith(f"iteration {at} left non-finite weights in llm1") and "\n" not in text
+    assert text.startswith(f"iteration {at} left non-finite weights (llm1/") and "\n" not in text
     if last_good:  # named only when it exists
         assert f"The last good checkpoint, {run_dir / 'checkpoints' / last_good}, is intact" in text
         assert latest_checkpoint(run_dir).name == last_good
@@ -302,7 +309,7 @@ def test_exploded_weights_stop_the_run_in_one_line(tmp_path):
         start_run(tmp_path, tmp_path / "run", "algorithm.agent.learning_rate=1e30")
     text = str(err.value)
     assert re.match(r"^iteration \d+ (left non-finite weights|met non-finite numbers)", text) and "\n" not in text
-    assert "lower algorithm.agent.learning_rate" in text
+    assert "lower learning rate" in text
 
 
 # ------------------------------------------------------------------------------------------------ signals, disk
@@ -310,8 +317,8 @@ def test_sigterm_checkpoints_before_the_evaluation_it_was_due(tmp_path, tmp_path
     want = reference_rows("ppo", tmp_path_factory)
     real_step, real_evaluate, evaluations = PPO.step, Trainer.evaluate, []
 
-    def step(self, queries, max_new_tokens, iteration):
-        out = real_step(self, queries, max_new_tokens, iteration)
+    def step(self, iteration):
+        out = real_step(self, iteration)
         if iteration == 1:  # SLURM's SIGTERM during iteration 1; smoke evaluates every 2 iterations
             os.kill(os.getpid(), signal.SIGTERM)
         return out
@@ -383,7 +390,7 @@ def test_training_outside_the_main_thread_leaves_signals_alone(tmp_path):
 
 def test_a_failing_reward_gets_the_failure_reward_and_is_counted(tmp_path, monkeypatch, capsys):
     failing: set[str] = set()
-    real_batch, real_score = Trainer.batch, ToyTask.score
+    real_batch, real_score = QuerySchedule.batch, ToyTask.score
 
     def batch(self, k):
         queries = real_batch(self, k)
@@ -396,7 +403,7 @@ def test_a_failing_reward_gets_the_failure_reward_and_is_counted(tmp_path, monke
             raise ValueError("reward model crashed")
         return real_score(self, queries, responses)
 
-    monkeypatch.setattr(Trainer, "batch", batch)
+    monkeypatch.setattr(QuerySchedule, "batch", batch)
     monkeypatch.setattr(ToyTask, "score", score)
     held_out = ToyTask(tokenizer=None, **task_kwargs("toy")).eval_queries()
     failing.update(held_out[:1])  # the held-out evaluations fail on one query too

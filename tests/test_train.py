@@ -61,7 +61,7 @@ def check_run_folder(run_dir: Path, algorithm: str, iterations: int) -> None:
     checkpoints = sorted((run_dir / "checkpoints").glob("iter_*"))
     assert checkpoints and checkpoints[-1].name == f"iter_{iterations:06d}"
     for a in agents:  # the whole policy, or (LoRA) the adapter and value head
-        saved = {p.name for p in (checkpoints[-1] / "agents" / a).iterdir()}
+        saved = {p.name for p in (checkpoints[-1] / "algorithm" / a).iterdir()}
         assert "policy.safetensors" in saved or {"adapter_model.safetensors", "value_head.safetensors"} <= saved
 
 

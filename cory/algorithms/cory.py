@@ -72,6 +72,11 @@ class CORY:
         self.roles = {"pioneer": "llm1", "observer": "llm2"}  # LLM1 starts as pioneer (§1.1)
         self.swaps = 0
 
+    @property
+    def agents(self) -> dict:
+        """The agents by id (for tests and tools; the trainer never reads them)."""
+        return self.team.agents
+
     def describe(self) -> dict:
         return {"algorithm": "cory", "kl_coef": self.learner.init_kl_coef}
 

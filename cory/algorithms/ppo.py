@@ -25,6 +25,11 @@ class PPO:
         self.task, self.scorer = self.team.task, SafeScorer(self.team.task)
         self.learner, self.log_samples, self.settings = agent, log_samples, context.settings
 
+    @property
+    def agents(self) -> dict:
+        """The agents by id (for tests and tools; the trainer never reads them)."""
+        return self.team.agents
+
     def describe(self) -> dict:
         return {"algorithm": "ppo", "kl_coef": self.learner.init_kl_coef}
 

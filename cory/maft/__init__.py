@@ -1,12 +1,12 @@
-"""Multiagent Finetuning (docs/method.md §7): debate, majority vote, per-agent SFT, and the run loop around them.
+"""Multiagent Finetuning (docs/method.md §7): debate, majority vote, per-agent SFT, and the stage cache.
 
 - `debate.py`: the prompts of every debate turn, the seeded majority vote and the per-agent data selection (pure).
 - `metrics.py`: accuracy ± standard error, consensus, disagreement and embedding diversity, with their definitions.
 - `agents.py`: the 2N agents' weights (LoRA adapters over one frozen base, or full copies) and batched generation.
 - `sft.py`: supervised fine-tuning of one agent with TRL's `SFTTrainer`, loss on the assistant tokens only.
 - `store.py`: the run folder's per-stage artefacts, so a killed run continues where it stopped.
-- `runner.py`: `run(cfg, run_dir)`, the entry point a composed config with `algorithm=maft` is handed to.
 - `plots.py`: the run's `curves.png` (accuracy ± s.e., per-agent accuracy, diversity per fine-tuning round).
 
-The round itself, top to bottom, is `cory/algorithms/maft.py`.
+The round itself, top to bottom, is `cory/algorithms/maft.py`: the `Algorithm` the trainer runs, one fine-tuning round
+per iteration. This package never imports it (nor the trainer or the entry point): it is the learner layer below.
 """

@@ -8,7 +8,8 @@ Two interchangeable pools, chosen by `algorithm/agent_models=lora|full`:
 
 Both offer the same methods (identical code where it must be repeated): `generate(name, chats, max_new_tokens,
 settings)` (name None: the base model), `finetune(name, chats, settings, seed)`, `reset(name)` to the initial
-weights, `save`/`load` of one agent's own weights (safetensors) and `state_dict(name)` (a copy). The agents differ
+weights, `save`/`load` of one agent's own weights (safetensors), `state_dict(name)` (a copy) and `parameters(name)`
+(the agent's trainable tensors themselves, for the trainer's finite-weight check). The agents differ
 only by their fine-tuning data, which is the method's point: each is trained on its own answers (§7).
 
 Prompts are rendered with the tokenizer's chat template (`cory.maft.sft.render`), the same one SFT tokenises with.
@@ -143,6 +144,12 @@ def add_lora_adapters(
     return peft_model
 
 
+def _adapter_of(parameter_name: str) -> str | None:
+    """The adapter a PEFT parameter belongs to (the name after its `lora_*` module), None for a base weight."""
+    parts = parameter_name.split(".")
+    return next((parts[i + 1] for i in range(len(parts) - 1) if parts[i].startswith("lora_")), None)
+
+
 class _AgentPool:
     """What both ways of holding the agents share: generation and SFT through `use(name)`, which a subclass
     defines (an adapter switch, or a copy lookup), with the tokenizer, device and precision set in its __init__."""
@@ -206,6 +213,10 @@ class LoraAgents(_AgentPool):
             self.model.set_adapter(name)
             yield self.model
 
+    def parameters(self, name: str) -> list[torch.Tensor]:
+        """The agent's own trainable tensors: the LoRA matrices of its adapter (`...lora_A.<name>.weight`)."""
+        return [p for n, p in self.model.named_parameters() if _adapter_of(n) == name]
+
     def state_dict(self, name: str) -> dict[str, torch.Tensor]:
         """A copy of the agent's own weights (its adapter's tensors, keys without the adapter name)."""
         from peft import get_peft_model_state_dict
@@ -262,6 +273,10 @@ class FullCopies(_AgentPool):
     def use(self, name: str | None) -> Iterator[nn.Module]:
         """The agent's copy, or the untouched base (None)."""
         yield self.base if name is None else self.copies[name]
+
+    def parameters(self, name: str) -> list[torch.Tensor]:
+        """The agent's trainable tensors: every weight of its copy (tied ones once)."""
+        return list(self.copies[name].parameters())
 
     def state_dict(self, name: str) -> dict[str, torch.Tensor]:
         """A copy of the agent's weights."""

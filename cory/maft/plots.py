@@ -1,6 +1,7 @@
 """`curves.png` of a Multiagent Finetuning run: accuracy, per-agent accuracy and diversity per fine-tuning round.
 
-Reads the run's `metrics.jsonl` (one row per round; round 0 = the base agents) with `cory.plotting`'s tolerant reader:
+Reads the run's `metrics.jsonl` (its `maft/eval/...` rows: one per round, round 0 = the base agents) with
+`cory.plotting`'s tolerant reader:
 1. held-out accuracy ± s.e. of the final-round vote, the round-1 majority and a single sample;
 2. each agent's held-out accuracy (genN: round 1, criticN: last round);
 3. diversity: the fraction of problems where the agents disagree, and the embedding dissimilarity, per debate round.
