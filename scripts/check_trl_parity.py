@@ -25,7 +25,7 @@ What the cases exercise beyond the three minibatch layouts of the `full` and `kl
 - score scaling, normalisation and clipping, `whiten_rewards`, the ratio threshold, `max_grad_norm`, early
   stopping (`--extra`).
 
-TRL 0.11.4 behaviour the cases are built around (docs/method.md §4; README implementation notes):
+TRL 0.11.4 behaviour the cases are built around (docs/method.md §4; docs/implementation-notes.md):
 - `RunningMoments.update` stores python floats that `step` then calls `.to()` on (AttributeError whenever
   `use_score_scaling=True`): the script re-exposes them as 0-d float64 tensors; the arithmetic is TRL's.
 - `max_grad_norm`: TRL clips through a `filter` iterator that its first clip consumes, so only the first

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The small CPU reproduction of the paper's IMDB experiment (README "Reproducing the paper on a CPU"): PPO vs CORY
+# The small CPU reproduction of the paper's IMDB experiment (docs/results.md): PPO vs CORY
 # on SmolLM2-135M, offline IMDB prompts and the TF-IDF sentiment reward (`experiment=cpu_imdb`):
 #   1. frontier: sweep=cpu_imdb_frontier (PPO, CORY × fixed η ∈ {0.03, 0.1, 0.3} × seed 0)
 #   2. curves:   sweep=cpu_imdb_curves seed=1 (PPO, CORY at η = 0.1: the second seed; seed 0 is a frontier point)

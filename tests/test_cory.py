@@ -31,9 +31,7 @@ MAX_NEW = 3
 SMOKE_CORY = ("experiment=smoke", "algorithm=cory")
 
 
-def make_cory(
-    overrides: tuple[str, ...] = (), task_cls: type[ToyTask] = ToyTask, learner=None, **switches
-) -> CORY:
+def make_cory(overrides: tuple[str, ...] = (), task_cls: type[ToyTask] = ToyTask, learner=None, **switches) -> CORY:
     """A CORY on the smoke model (real agents, unless `learner` builds stubs): the composed config's switches,
     `switches` replaced; every iteration trains on `QUERIES` with `MAX_NEW` new tokens."""
     cfg = compose_cfg([*SMOKE_CORY, "batch_size=8", *overrides])

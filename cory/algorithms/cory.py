@@ -8,7 +8,7 @@ of `cory/ppo/learner.py`, unchanged: what CORY adds is only this orchestration.
   4. collective reward R_i = w_self·r_i + w_other·r_{-i}    (Eq. 4; defaults 1, 1; [v2] signs for ablations)
   5. two independent PPO updates, each with its own KL to π0 on its own prompt (Eq. 2 / Eq. 8; §1.4)
   6. every `swap_period` iterations the roles are exchanged (Eq. 5): the role map flips, the weights stay.
-Deviation (README implementation notes): roles are swapped by exchanging the role map rather than the
+Deviation (docs/implementation-notes.md): roles are swapped by exchanging the role map rather than the
 weights (equivalent to Eq. 5, docs/method.md §1.5); `faithful_official_swap=true` adds the official code's resets.
 """
 

@@ -2,9 +2,9 @@
 
 PPO has one agent and CORY two; both call exactly this code (docs/method.md §1.1, §2). `learn` is TRL 0.11.4's
 `PPOTrainer.step` after generation: for the same weights, tokens, scores and permutation seed it gives the
-same update (`scripts/check_trl_parity.py`). Deliberate differences, listed in the README's implementation
-notes: responses are stored response-aligned, forwards get explicit position ids, and generation runs in eval
-mode (TRL's train-mode generation is `generate_in_train_mode=true`).
+same update (`scripts/check_trl_parity.py`). Deliberate differences, listed in docs/implementation-notes.md:
+responses are stored response-aligned, forwards get explicit position ids, and generation runs in eval mode (TRL's
+train-mode generation is `generate_in_train_mode=true`).
 """
 
 from __future__ import annotations
@@ -378,7 +378,7 @@ class Agent:
         """Adam with torch defaults, no weight decay, constant learning rate (docs/method.md §2.1).
 
         The fused kernel (one pass over each tensor, no temporaries) where the device has one: the update of the
-        default implementation to within float32 rounding, about 4× faster on a CPU (README, cost section)."""
+        default implementation to within float32 rounding, about 4× faster on a CPU (docs/cost.md)."""
         params = self.trainable_parameters()
         return torch.optim.Adam(params, lr=self.config.learning_rate, fused=_fused_adam_supported(params))
 
