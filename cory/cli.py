@@ -62,9 +62,12 @@ def prepare(args: list[str]) -> list[str]:
         primary = int(os.environ.get("RANK", "0")) == 0  # data-parallel: rank 0 checks, all ranks follow
         extra = []
         if values.get("resume", "null") not in ("null", ""):
-            extra = _resume_args(values, parsed.multirun)
+            extra = _resume_args(values, parsed.multirun, overrides)
             # Hydra composes the run's own command (so its keys exist) with this one's overrides on top
             flags = [a for a in args if a not in overrides]
+            recorded = runs.original_overrides(Path(values["resume"]))
+            source = f"resume={values['resume']}: its recorded overrides"
+            runs.refuse_unknown_targets(recorded, source, runs.targets_in(overrides))  # Hydra builds callbacks
             overrides = resume_overrides(Path(values["resume"]), overrides)
             args = flags + overrides
         elif parsed.multirun or _sweep_file(values):
@@ -101,7 +104,7 @@ def _sweeps(overrides: list[str]) -> list:
     return [o for o in parsed if o.is_sweep_override() and not o.is_hydra_override()]
 
 
-def _resume_args(values: dict[str, str], multirun: bool) -> list[str]:
+def _resume_args(values: dict[str, str], multirun: bool, overrides: list[str]) -> list[str]:
     folder = values["resume"]
     if multirun:
         raise ConfigError(f"resume={folder}: a resume continues one run; it cannot be part of a -m sweep")
@@ -112,7 +115,7 @@ def _resume_args(values: dict[str, str], multirun: bool) -> list[str]:
         )
     if not os.path.isdir(folder):  # checked before Hydra, which would create the folder
         raise ConfigError(f"resume={folder}: no such run folder")
-    runs.load_run_config(Path(folder))
+    runs.load_run_config(Path(folder), runs.targets_in(overrides))  # readable, and names only known targets
     # Hydra's snapshot of this start (the default config + the resume command) must not replace the run's own;
     # `hydra.mode=RUN`: one run, even when its first start named a sweep file (which sets MULTIRUN) in run mode,
     # as `scripts/run_sweep.py` starts each job

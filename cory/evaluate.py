@@ -60,8 +60,6 @@ def resolve_target(path: Path) -> tuple[Path, Path | None]:
 def load_config(run_dir: Path | None, overrides: list[str]) -> DictConfig:
     """The run's resolved config with `key=value` overrides (an unknown key is an error, not a silent no-op), or,
     without a run, the config `python -m cory.train <overrides>` would run."""
-    from cory.runs import RUN_CONFIG
-
     if run_dir is None:
         from hydra import compose, initialize_config_dir
         from hydra.errors import HydraException
@@ -72,7 +70,9 @@ def load_config(run_dir: Path | None, overrides: list[str]) -> DictConfig:
                 return compose("train", overrides=overrides)
         except (HydraException, OmegaConfBaseException) as err:
             raise ConfigError(" ".join(str(err).split()).split(" Config search path:")[0]) from None
-    cfg = OmegaConf.load(run_dir / RUN_CONFIG)
+    from cory.runs import load_run_config, targets_in
+
+    cfg = load_run_config(run_dir, targets_in(overrides))  # a run folder never names code to run
     OmegaConf.set_struct(cfg, True)
     try:
         return OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))

@@ -9,6 +9,11 @@
   command line are compared with the run's config key by key: cadence, logging and some hardware keys may
   change (`RESUMABLE_KEYS`: printed and recorded in `starts.jsonl`); anything that changes the experiment is
   refused in one line naming the keys.
+- Trust. A run folder is input from others (a shared filesystem, downloaded results): nothing it names is ever
+  built unless the installed configs name it too. Every `_target_` of its `run_config.yaml` and of its recorded
+  overrides must be one that cory's own config tree (or an installed Hydra search-path plugin's) writes, or one
+  the user typed on this command line (`known_targets`, `refuse_unknown_targets`); otherwise the resume or the
+  evaluation is refused in one line before anything is instantiated.
 """
 
 from __future__ import annotations
@@ -17,11 +22,14 @@ import contextlib
 import datetime
 import errno
 import fcntl
+import functools
+import importlib.util
 import json
 import os
+import re
 import shutil
 import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -189,8 +197,9 @@ def remove_if_unused(folder: Path, hydra_files: Sequence[str]) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ resume
-def load_run_config(folder: Path) -> DictConfig:
-    """The run's `run_config.yaml`, refused in one line when it is missing or unreadable."""
+def load_run_config(folder: Path, allowed_targets: Iterable[str] = ()) -> DictConfig:
+    """The run's `run_config.yaml`, refused in one line when it is missing, unreadable, or names a `_target_` that
+    neither the installed configs nor `allowed_targets` (this command line's) name."""
     path = Path(folder) / RUN_CONFIG
     if not path.is_file():
         raise ConfigError(f"resume={folder}: no {RUN_CONFIG} there; is it a cory run folder?")
@@ -201,7 +210,82 @@ def load_run_config(folder: Path) -> DictConfig:
         raise ConfigError(f"resume={folder}: {path} is unreadable ({first}); this run cannot be resumed") from None
     if not isinstance(saved, DictConfig) or "algorithm" not in saved:
         raise ConfigError(f"resume={folder}: {path} is not a cory run config; this run cannot be resumed")
+    refuse_unknown_targets(saved, str(path), allowed_targets)
     return saved
+
+
+# `_target_=x` in an override, `_target_: x` inside a dict value written on the command line
+_TARGET_IN_TEXT = re.compile(r"_target_['\"]?\s*[:=]\s*['\"]?([A-Za-z_][\w.]*)")
+
+
+def targets_in(overrides: Iterable[str]) -> set[str]:
+    """The `_target_` values that command-line overrides write."""
+    return {m for o in overrides for m in _TARGET_IN_TEXT.findall(str(o))}
+
+
+@functools.cache
+def known_targets() -> frozenset[str]:
+    """Every `_target_` written in a config file Hydra can compose here: cory's `conf/` tree and the folders that
+    installed search-path plugins add (installed code the user chose, unlike a run folder)."""
+    found: set[str] = set()
+    for folder in [Path(__file__).resolve().parent / "conf", *_plugin_config_folders()]:
+        for path in sorted(folder.rglob("*.yaml")):
+            with contextlib.suppress(OSError, yaml.YAMLError):
+                found |= {target for _, target in _targets(yaml.safe_load(path.read_text(encoding="utf-8")))}
+    return frozenset(found)
+
+
+def _plugin_config_folders() -> list[Path]:
+    """The `pkg://` and `file://` folders that Hydra's installed search-path plugins add."""
+    from hydra._internal.config_search_path_impl import ConfigSearchPathImpl
+    from hydra.core.plugins import Plugins
+    from hydra.plugins.search_path_plugin import SearchPathPlugin
+
+    search_path = ConfigSearchPathImpl()
+    for plugin in Plugins.instance().discover(SearchPathPlugin):
+        with contextlib.suppress(Exception):  # a broken plugin adds nothing here (Hydra reports it itself)
+            plugin().manipulate_search_path(search_path)
+    folders = []
+    for element in search_path.get_path():
+        path = str(element.path)
+        if path.startswith("pkg://"):
+            with contextlib.suppress(ImportError, ValueError, AttributeError):
+                spec = importlib.util.find_spec(path.removeprefix("pkg://").replace("/", "."))
+                folders += [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
+        elif path.startswith("file://"):
+            folders.append(Path(path.removeprefix("file://")))
+    return [f for f in folders if f.is_dir()]
+
+
+def _targets(node: Any, key: str = "") -> Iterator[tuple[str, str]]:
+    """(dotted key, target) of every `_target_` in a plain nested config."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            child = f"{key}.{k}" if key else str(k)
+            if k == "_target_" and isinstance(v, str):
+                yield child, v
+            else:
+                yield from _targets(v, child)
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _targets(v, f"{key}[{i}]")
+
+
+def refuse_unknown_targets(config: Any, source: str, allowed: Iterable[str] = ()) -> None:
+    """Refuse, in one line, a `_target_` that `source` (a run folder's file) names and that neither the installed
+    configs nor this command line (`allowed`) name: a run folder never makes cory import or call anything."""
+    known = known_targets() | set(allowed)
+    if isinstance(config, DictConfig):
+        config = OmegaConf.to_container(config, resolve=False)
+    pairs = list(_targets(config)) if not isinstance(config, list) else []
+    if isinstance(config, list):  # overrides: `key=value` strings
+        pairs = [(str(o).split("=", 1)[0].lstrip("+~"), t) for o in config for t in _TARGET_IN_TEXT.findall(str(o))]
+    for key, target in pairs:
+        if target not in known:
+            raise ConfigError(
+                f"{source} names {key}: {target}, which no installed config names; a run folder never runs code "
+                f"it names, so nothing was built (if you trust it, pass {key}={target} on the command line)"
+            )
 
 
 def original_overrides(folder: Path) -> list[str]:

@@ -105,9 +105,10 @@ def _resume_config(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> 
     folder = Path(cfg.resume)
     if folder.resolve() != run_dir.resolve():
         raise ConfigError(f"resume={folder} continues the run in its own folder, not in {run_dir}")
-    saved = runs.load_run_config(folder)
     original = runs.original_overrides(folder)
     new = [o for o in overrides if o not in original and cli.override_key(o) != "resume"]
+    runs.refuse_unknown_targets(original, f"resume={folder}: its recorded overrides", runs.targets_in(new))
+    saved = runs.load_run_config(folder, runs.targets_in(new))  # builds only what installed configs or `new` name
     changes: dict = {}
     if new:
         original = [o for o in original if cli.override_key(o) not in {cli.override_key(n) for n in new}]
