@@ -112,7 +112,9 @@ def make_logger(cfg: DictConfig, run_dir: Path, info: dict, run_id: str | None):
         if "kl_coef" in info:
             name += f"-kl{info['kl_coef']}"
         kwargs |= dict(
-            config=OmegaConf.to_container(cfg, resolve=True) | {"git_sha": info.get("git_sha")},
+            # filterable in the W&B UI: the group choices (algorithm=cory, experiment=...) and the overrides
+            config=OmegaConf.to_container(cfg, resolve=True)
+            | {"git_sha": info.get("git_sha"), "choices": choices, "overrides": overrides, "run": info},
             run_id=run_id,
             name=f"{name}-s{info['seed']}",
             tags=wandb_tags(choices, overrides, described),
@@ -130,6 +132,9 @@ class NullLogger:
         pass
 
     def log_table(self, name: str, rows: list[dict], step: int) -> None:
+        pass
+
+    def log_image(self, name: str, path: Path, step: int) -> None:
         pass
 
     def close(self) -> None:

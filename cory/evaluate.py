@@ -260,10 +260,15 @@ def evaluate_run(
 
 def _log_to_wandb(cfg: DictConfig, run_dir: Path, out: Path, summary: dict[str, dict]) -> None:
     """pass@k scalars, the per-model table and the PNG, in a W&B run of its own (the run's project and group)."""
+    from cory.callbacks import run_identity, wandb_group, wandb_tags
     from cory.loggers import WandbLogger
 
     kwargs = {k: v for k, v in OmegaConf.to_container(cfg.logger, resolve=True).items() if not k.startswith("_")}
-    logger = WandbLogger(run_dir=out, config={"run": str(run_dir), **summary}, name=f"passk-{run_dir.name}", **kwargs)
+    choices, overrides = run_identity(run_dir)  # the evaluated run's group and tags, so it sits beside it in W&B
+    kwargs["group"] = kwargs.get("group") or wandb_group(cfg, choices)
+    kwargs["tags"] = wandb_tags(choices, overrides, ["passk"])
+    config = {"run": str(run_dir), "choices": choices, "overrides": overrides, **summary}
+    logger = WandbLogger(run_dir=out, config=config, name=f"passk-{run_dir.name}", job_type="evaluate", **kwargs)
     logger.log({f"passk/{m}/{k}": v for m, stats in summary.items() for k, v in stats.items()}, step=0)
     logger.log_table("passk/summary", [{"model": m, **stats} for m, stats in summary.items()], step=0)
     logger.log_image("passk/plot", out / PLOT, step=0)

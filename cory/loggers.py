@@ -6,6 +6,10 @@
   truncates both files to its checkpoint's line counts before a logger opens them (`cory.trainer.truncate_lines`).
 - `WandbLogger`: wraps a `JsonlLogger` and mirrors everything to W&B. W&B can never stop training: a failing
   `wandb.init` falls back to JSONL only with one warning line, and a failing `wandb.log` disables the mirror.
+  Curves are declared against `iteration` (`define_metric`), with `train/*` summarised by their last value and
+  `eval/*` by their last and best; the per-iteration training samples grow one table, logged once at the end;
+  a resumed run first re-logs from `metrics.jsonl` the history its W&B run lacks (all of it offline, where each
+  start writes its own run file; the iterations after W&B's last step online), so it carries its whole history.
 - Metric names and their definitions are not here: `cory.metrics` (the helpers and the trainer's own names) and the
   catalogue beside each algorithm or learner that emits them.
 
@@ -34,6 +38,8 @@ class MetricLogger(Protocol):
     def log(self, metrics: dict[str, float], step: int) -> None: ...
 
     def log_table(self, name: str, rows: list[dict], step: int) -> None: ...
+
+    def log_image(self, name: str, path: str | Path, step: int) -> None: ...
 
     def close(self) -> None: ...
 
@@ -86,6 +92,9 @@ class JsonlLogger:
         for r in rows:
             self._write(self._samples_file, {"iteration": int(step), "table": name, **_jsonable(dict(r))})
 
+    def log_image(self, name: str, path: str | Path, step: int) -> None:
+        """Figures are files of the run folder already: nothing to add."""
+
     @staticmethod
     def _write(handle, row: dict) -> None:
         if handle.closed:
@@ -103,6 +112,20 @@ class JsonlLogger:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _read_rows(path: Path) -> list[dict]:
+    """The well-formed rows of a metrics file (a torn last line is skipped)."""
+    rows = []
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(row, dict) and isinstance(row.get("iteration"), int):
+                rows.append(row)
+    return rows
 
 
 _SECRET_MARKERS = ("key", "token", "secret", "password")
@@ -175,7 +198,10 @@ class WandbLogger:
         mode: str | None = None,
         run_id: str | None = None,
         init_timeout: float = 20.0,
+        job_type: str = "train",
+        step_metric: str = "iteration",
     ) -> None:
+        history = _read_rows(Path(run_dir) / JsonlLogger.METRICS_FILE) if run_id else []  # before appending
         self.jsonl = JsonlLogger(run_dir)
         self.run_dir = self.jsonl.run_dir
         self.mode = resolve_wandb_mode(mode)
@@ -183,6 +209,8 @@ class WandbLogger:
         self._run = None
         self._failed_run = None
         self._wandb = None
+        self._step_metric = step_metric
+        self._growing: dict[str, list[dict]] = {}  # per-iteration tables, logged once at `close`
         if self.mode == "disabled":
             return
         try:
@@ -196,6 +224,7 @@ class WandbLogger:
                 group=group,
                 tags=list(tags) if tags else None,
                 name=name,
+                job_type=job_type,
                 id=run_id,
                 resume="allow",
                 mode=self.mode,
@@ -203,6 +232,16 @@ class WandbLogger:
             )
             self._wandb = wandb
             self._run_id = self._run.id
+            self._run.define_metric(step_metric)
+            self._run.define_metric("train/*", step_metric=step_metric, summary="last")
+            self._run.define_metric("eval/*", step_metric=step_metric, summary="max,last")
+            self._run.define_metric("*", step_metric=step_metric)
+            # what this W&B run lacks: offline, every start writes a run file of its own; online, W&B keeps the
+            # history up to its last step (rows after the checkpoint were truncated from metrics.jsonl)
+            first = 0 if self.mode == "offline" else int(getattr(self._run, "step", 0) or 0)
+            for row in history:
+                if row.get(step_metric, -1) >= first:
+                    self._mirror({k: v for k, v in row.items() if k != step_metric}, int(row[step_metric]))
         except Exception as exc:  # noqa: BLE001 - W&B must never stop training
             self._run = None
             _warn(
@@ -227,23 +266,35 @@ class WandbLogger:
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.jsonl.log(metrics, step)
-        if self._run is None:
-            return
+        if self._run is not None:
+            self._mirror(metrics, step)
+
+    def _mirror(self, metrics: dict, step: int) -> None:
         try:
             values = _jsonable(dict(metrics))  # non-finite → None → NaN, which W&B draws as a gap
-            self._run.log({k: float("nan") if v is None else v for k, v in values.items()}, step=int(step))
+            values = {k: float("nan") if v is None else v for k, v in values.items()}
+            self._run.log(values | {self._step_metric: int(step)}, step=int(step))
         except Exception as exc:  # noqa: BLE001
             self._disable("log", exc)
 
     def log_table(self, name: str, rows: list[dict], step: int) -> None:
+        """An evaluation's table is one W&B table at its iteration; a per-iteration table (`train/samples`) grows,
+        with an `iteration` column, and is logged once at `close`."""
         self.jsonl.log_table(name, rows, step)
         if self._run is None or not rows:
             return
+        if name.startswith("train/"):
+            self._growing.setdefault(name, []).extend({self._step_metric: int(step), **r} for r in rows)
+            return
+        self._log_table_now(name, rows, step)
+
+    def _log_table_now(self, name: str, rows: list[dict], step: int | None) -> None:
         try:
             rows = [_jsonable(dict(r)) for r in rows]
             columns = list(dict.fromkeys(k for r in rows for k in r))
             data = [[r.get(c) for c in columns] for r in rows]
-            self._run.log({name: self._wandb.Table(columns=columns, data=data)}, step=int(step))
+            table = {name: self._wandb.Table(columns=columns, data=data)}
+            self._run.log(table, step=int(step)) if step is not None else self._run.log(table)
         except Exception as exc:  # noqa: BLE001
             self._disable("log_table", exc)
 
@@ -258,6 +309,10 @@ class WandbLogger:
 
     def close(self) -> None:
         self.jsonl.close()
+        for name, rows in self._growing.items():
+            if self._run is not None:
+                self._log_table_now(name, rows, None)
+        self._growing = {}
         if self._failed_run is not None:
             run, self._failed_run = self._failed_run, None
             try:

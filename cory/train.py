@@ -87,6 +87,8 @@ def _train(cfg: DictConfig, run_dir: Path, resuming: bool, record_start: Callabl
     trainer.wandb_run_id = getattr(trainer.logger, "run_id", None)
     try:
         summary = trainer.fit()
+        for figure in sorted(run_dir.glob("*.png")):  # the report's figures, mirrored (W&B) at the last iteration
+            trainer.logger.log_image(figure.stem, figure, trainer.iteration)
     finally:
         trainer.logger.close()
     if distributed.is_main():
