@@ -27,11 +27,11 @@ smoke: install  ## seconds-long tiny run of PPO and CORY
 	$(PY) -m cory.train experiment=smoke
 	$(PY) -m cory.train experiment=smoke algorithm=cory
 
-test: install  ## the test suite CI runs (learning tests included; < 10 min on 2 CPUs)
-	WANDB_MODE=disabled $(PY) -m pytest -q -m "not gpu"
+test: install  ## the test suite CI runs (learning tests included; about 7 min on 2 CPUs, two workers)
+	WANDB_MODE=disabled $(PY) -m pytest -q -m "not gpu" -n 2 --dist loadfile
 
 test-fast: install  ## everything but the slow learning tests
-	WANDB_MODE=disabled $(PY) -m pytest -q -m "not slow and not gpu"
+	WANDB_MODE=disabled $(PY) -m pytest -q -m "not slow and not gpu" -n 2 --dist loadfile
 
 test-all: install  ## every test, GPU ones included when CUDA is present
 	WANDB_MODE=disabled $(PY) -m pytest -q

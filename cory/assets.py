@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from cory import runtime
 from cory.errors import AssetUnavailableError
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -113,7 +114,7 @@ def smollm2_135m_dir(cache_dir: Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    print(f"[cory] converting {SMOLLM2_GGUF} to fp32 safetensors in {out_dir} (once; takes 20-35 s)", flush=True)
+    runtime.say(f"[cory] converting {SMOLLM2_GGUF} to fp32 safetensors in {out_dir} (once; takes 20-35 s)")
     start = time.perf_counter()
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp_dir = Path(tempfile.mkdtemp(prefix=".smollm2-135m-", dir=out_dir.parent))
@@ -130,5 +131,5 @@ def smollm2_135m_dir(cache_dir: Path) -> Path:
         publish(tmp_dir, out_dir, _smollm2_complete)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
-    print(f"[cory] SmolLM2-135M converted in {time.perf_counter() - start:.1f} s", flush=True)
+    runtime.say(f"[cory] SmolLM2-135M converted in {time.perf_counter() - start:.1f} s")
     return out_dir

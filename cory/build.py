@@ -13,6 +13,7 @@ entry point. Every component is a `_target_`: nothing here names an algorithm, a
 from __future__ import annotations
 
 import functools
+import time
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +43,25 @@ def instantiate_target(node: DictConfig | dict, *args, **kwargs):
 
 
 def load_model(model_cfg: DictConfig):
-    """(model, tokenizer) from the `model` config's loader: its `_target_` with every key but `HANDLE_KEYS`."""
+    """(model, tokenizer) from the `model` config's loader: its `_target_` with every key but `HANDLE_KEYS`.
+
+    transformers' and the Hub's per-file progress bars are off meanwhile (a first run's conversion and every load
+    would print several); one line of ours says what was loaded and how long it took."""
+    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
+    from transformers.utils import logging as hf_logging
+
     node = OmegaConf.to_container(model_cfg, resolve=True)  # resolved first: `${cache_dir}` lives at the top
-    return instantiate_target({k: v for k, v in node.items() if k not in HANDLE_KEYS})
+    start = time.perf_counter()
+    hf_logging.disable_progress_bar()
+    disable_progress_bars()
+    try:
+        loaded = instantiate_target({k: v for k, v in node.items() if k not in HANDLE_KEYS})
+    finally:
+        hf_logging.enable_progress_bar()
+        enable_progress_bars()
+    name = node.get("name_or_path") or node["_target_"].rsplit(".", 1)[-1]
+    runtime.say(f"[cory] model {name} loaded in {time.perf_counter() - start:.1f} s")
+    return loaded
 
 
 def backbone_from(model_cfg: DictConfig, model, tokenizer, device) -> Backbone:

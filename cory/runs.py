@@ -37,6 +37,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from cory import runtime
 from cory.errors import ConfigError
 
 RUN_CONFIG = "run_config.yaml"  # the resolved config of the first start; a resumed run reuses it
@@ -112,7 +113,7 @@ class RunLock:
             previous = self._read(fd)
             if previous:
                 who = f"pid {previous.get('pid')} on {previous.get('host')}"
-                print(f"[cory] {self.path}: taking over the lock left by {who}, which is gone", flush=True)
+                runtime.say(f"[cory] {self.path}: taking over the lock left by {who}, which is gone")
             owner = {"pid": os.getpid(), "host": socket.gethostname(), "since": _now()}
             os.ftruncate(fd, 0)
             os.pwrite(fd, (json.dumps(owner) + "\n").encode(), 0)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import random
 import resource
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -99,6 +101,7 @@ def git_sha() -> str | None:
         return None
 
 
+@torch.no_grad()
 def all_finite(tensors: list[torch.Tensor]) -> bool:
     """Whether every element of every tensor is finite (no inf, no NaN): each tensor's min and max are finite.
 
@@ -108,3 +111,41 @@ def all_finite(tensors: list[torch.Tensor]) -> bool:
     """
     extremes = [torch.stack(torch.aminmax(x)).float() for x in tensors if x.numel()]
     return not extremes or bool(torch.isfinite(torch.stack(extremes)).all())  # one device sync for all tensors
+
+
+# ---------------------------------------------------------------------------------------------------- console
+# What cory says goes through the `cory` logger: to the console (stdout, resolved at each line, so a captured or
+# redirected stdout gets it) and, while a run is live, to its `train.log` with a timestamp (`log_to`). It does not
+# propagate to the root logger, so Hydra's own handlers never print a line twice.
+_LOG = logging.getLogger("cory")
+
+
+class _Console(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, "console", True):
+            sys.stdout.write(self.format(record) + "\n")
+            sys.stdout.flush()
+
+
+if not _LOG.handlers:
+    _LOG.addHandler(_Console())
+    _LOG.setLevel(logging.INFO)
+    _LOG.propagate = False
+
+
+def say(message: str, console: bool = True) -> None:
+    """One line for the user: on the console (unless `console=False`: a progress bar owns it) and in the run's log."""
+    _LOG.info(message, extra={"console": console})
+
+
+@contextlib.contextmanager
+def log_to(path: Path):
+    """While the block runs, what `say` says is also appended to `path` (the run's `train.log`)."""
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s"))
+    _LOG.addHandler(handler)
+    try:
+        yield
+    finally:
+        _LOG.removeHandler(handler)
+        handler.close()

@@ -8,6 +8,7 @@ run there with its own config, changed only where the resume command says so and
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -27,6 +28,8 @@ from cory.config import validate
 from cory.errors import USER_ERRORS, ConfigError, one_line
 from cory.settings import RunSettings
 from cory.trainer import Trainer
+
+TRAIN_LOG = "train.log"  # Hydra's job log of `cory.train`, in the run folder: what the run said, timestamped
 
 
 def train(cfg: DictConfig, run_dir: Path, overrides: Sequence[str] = ()) -> dict:
@@ -55,7 +58,7 @@ def train(cfg: DictConfig, run_dir: Path, overrides: Sequence[str] = ()) -> dict
             if primary:
                 runs.record_start(run_dir, overrides, changes, iteration)
                 for key, (old, new) in changes.items():
-                    print(f"[cory] resume changes {key}: {old} → {new} (recorded in {run_dir / runs.STARTS})")
+                    runtime.say(f"[cory] resume changes {key}: {old} → {new} (recorded in {run_dir / runs.STARTS})")
 
         return _train(cfg, run_dir, resuming, record_start)
 
@@ -76,24 +79,27 @@ def _train(cfg: DictConfig, run_dir: Path, resuming: bool, record_start: Callabl
         truncate_lines(run_dir / "metrics.jsonl", trainer.metrics_lines)
         truncate_lines(run_dir / "samples.jsonl", trainer.samples_lines)
         where = checkpoint.name if checkpoint is not None else "the start (no checkpoint yet)"
-        print(f"[cory] resumed {run_dir} from {where} (iteration {trainer.iteration})", flush=True)
     record_start(trainer.iteration)  # only a start that got this far is one
-    with runtime.rng_untouched():  # wandb.init may draw random numbers; the run's streams must not move
-        trainer.logger = (
-            build.make_logger(cfg, run_dir, trainer.run_info, trainer.wandb_run_id)
-            if distributed.is_main()
-            else build.NullLogger()
-        )
-    trainer.wandb_run_id = getattr(trainer.logger, "run_id", None)
-    try:
-        summary = trainer.fit()
-        for figure in sorted(run_dir.glob("*.png")):  # the report's figures, mirrored (W&B) at the last iteration
-            trainer.logger.log_image(figure.stem, figure, trainer.iteration)
-    finally:
-        trainer.logger.close()
-    if distributed.is_main():
-        lines = [f"[cory] run folder: {run_dir}", *(f"[cory] {line}" for line in trainer.report_lines)]
-        print("\n".join([*lines, f"[cory] wall time {summary['wall_time_s']:.0f} s"]), flush=True)
+    # from here on, what the run says is also in its train.log (a refused start leaves the folder as it was)
+    with runtime.log_to(run_dir / TRAIN_LOG) if distributed.is_main() else contextlib.nullcontext():
+        if resuming:
+            runtime.say(f"[cory] resumed {run_dir} from {where} (iteration {trainer.iteration})")
+        with runtime.rng_untouched():  # wandb.init may draw random numbers; the run's streams must not move
+            trainer.logger = (
+                build.make_logger(cfg, run_dir, trainer.run_info, trainer.wandb_run_id)
+                if distributed.is_main()
+                else build.NullLogger()
+            )
+        trainer.wandb_run_id = getattr(trainer.logger, "run_id", None)
+        try:
+            summary = trainer.fit()
+            for figure in sorted(run_dir.glob("*.png")):  # the report's figures, mirrored (W&B) at the last iteration
+                trainer.logger.log_image(figure.stem, figure, trainer.iteration)
+        finally:
+            trainer.logger.close()
+        if distributed.is_main():
+            for line in [f"run folder: {run_dir}", *trainer.report_lines, f"wall time {summary['wall_time_s']:.0f} s"]:
+                runtime.say(f"[cory] {line}")
     distributed.close()
     return summary
 

@@ -16,14 +16,17 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import re
 import signal
 import time
 from collections.abc import Iterator
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from cory import distributed, runtime
 from cory.algorithms.base import Algorithm
@@ -75,6 +78,18 @@ class Trainer:
         self.stop_requested = False
         self.stopped_by: str | None = None  # the signal that stopped the run (SIGTERM, SIGINT)
         self.wandb_run_id = getattr(logger, "run_id", None)
+        self._eval_headline: dict[str, float] = {}
+
+    def _plan(self) -> str:
+        s, info = self.s, self.run_info
+        what = ", ".join(f"{k} {v}" for k, v in info.items() if k not in ("git_sha", "seed") and v is not None)
+        evaluation = f"every {s.eval_every} iterations" if s.eval_every else "before training and at the end"
+        saving = "at the end" if s.save_final else "on signals only"
+        saving = f"every {s.save_every} iterations" if s.save_every else saving
+        return (
+            f"{what}; seed {s.seed}; iterations {self.iteration} → {s.iterations}, batch {s.batch_size}; "
+            f"evaluation {evaluation}; checkpoints {saving}"
+        )
 
     # ------------------------------------------------------------------------------------------------ loop
     def fit(self) -> dict:
@@ -88,7 +103,12 @@ class Trainer:
             dynamic_ncols=True,
             desc=self.run_info.get("algorithm", "train"),
         )
+        runtime.say(f"[cory] run folder: {self.run_dir}")
+        runtime.say(f"[cory] plan: {self._plan()}")
+        # with a progress bar, console lines are written through tqdm so that the bar stays whole
+        redirect = logging_redirect_tqdm(loggers=[logging.getLogger("cory")]) if self.s.progress else nullcontext()
         try:
+            redirect.__enter__()
             self._run_pending_eval()  # before any update, or the one a signal deferred to this resume
             for k in bar:
                 if self.stop_requested:  # the signal came before this iteration: nothing new to save
@@ -116,6 +136,7 @@ class Trainer:
                     break
         finally:
             bar.close()
+            redirect.__exit__(None, None, None)
             self._restore_signal_handlers(previous)
         summary = self._summary(time.perf_counter() - start_time)
         if distributed.world_size() > 1:  # every process must hold the same weights after data-parallel updates
@@ -140,6 +161,10 @@ class Trainer:
         self._log(metrics, step=k, samples=out.samples)
         self._check_weights(k)
         bar.set_postfix({key: f"{v:.3f}" for key, v in out.headline.items()}, refresh=False)
+        numbers = " ".join(f"{key} {v:.3f}" for key, v in out.headline.items())
+        flag = " (non-finite: update skipped)" if out.nonfinite else ""
+        line = f"[cory] iteration {k + 1}/{self.s.iterations}: {numbers}{flag} ({metrics[TIME_ITERATION]:.1f} s)"
+        runtime.say(line, console=not self.s.progress)  # with a progress bar, the bar shows it; train.log keeps it
         return out.nonfinite
 
     def _run_pending_eval(self) -> None:
@@ -148,13 +173,14 @@ class Trainer:
             if metrics is not None:  # None: a signal interrupted it; it stays pending
                 self._log(metrics, step=self.iteration)
                 self.pending_eval = False
+                shown = " ".join(f"{k} {v:.3f}" for k, v in self._eval_headline.items())
+                runtime.say(f"[cory] evaluation after {self.iteration} iterations: {shown}")
 
     def _print_stopped(self, saved: bool) -> None:
         what = "checkpoint saved." if saved else f"no new checkpoint. {self._last_good()}"
-        print(
-            f"\n[cory] stopped after iteration {self.iteration} on a signal; {what} "
-            f"Resume with: python -m cory.train resume={self.run_dir}",
-            flush=True,
+        runtime.say(
+            f"[cory] stopped after iteration {self.iteration} on a signal; {what} "
+            f"Resume with: python -m cory.train resume={self.run_dir}"
         )
 
     def _last_good(self) -> str:
@@ -173,6 +199,7 @@ class Trainer:
             out = self.algorithm.evaluate(self.iteration, final, lambda: self.stop_requested)
         if out is None:
             return None
+        self._eval_headline = out.headline
         for name, rows in out.tables:
             self.logger.log_table(name, rows, self.iteration)
             self.samples_lines += len(rows)

@@ -1,8 +1,9 @@
-"""Shared fixtures: offline environment, composed configs and a tiny model.
+"""The offline environment, the `smoke_cfg` fixture, one torch thread per test and the `gpu` marker's skip.
 
 Everything runs offline on a CPU: the Hub, datasets and W&B are never contacted (a Hub lookup would otherwise
 retry for 25–50 s, and an inherited W&B key would hang a run). Hydra and OmegaConf are imported only where a
-config is composed: the TRL-parity tests run in a separate venv without them (`make parity`).
+config is composed (`helpers.compose`): the TRL-parity tests run in a separate venv without them (`make parity`).
+Shared code lives in the `helpers` package; no test module imports this file.
 """
 
 from __future__ import annotations
@@ -19,23 +20,12 @@ for _k, _v in {
 }.items():
     os.environ[_k] = _v
 
-from pathlib import Path  # noqa: E402
-
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from helpers.compose import compose_cfg  # noqa: E402
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
-
-CONF_DIR = str(Path(__file__).resolve().parents[1] / "cory" / "conf")
-
-
-def compose_cfg(overrides: list[str] | None = None, return_hydra_config: bool = False) -> DictConfig:
-    """The config `python -m cory.train <overrides>` would run with (Hydra compose API)."""
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(version_base="1.3", config_dir=CONF_DIR):
-        return compose("train", overrides=overrides or [], return_hydra_config=return_hydra_config)
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from from_config import learner
+from helpers.from_config import learner
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from cory.models import build_tiny_gpt2, make_reference
@@ -385,8 +385,8 @@ def test_paper_presets_score_in_fp32_on_the_tiny_model(precision: str):
     """The precision of `experiment=imdb_gpt2` (and every preset built on it) reaches the agent: its log-probs,
     reference log-probs and full KL equal a plain fp32 forward, while bf16 autocast, chosen explicitly, rounds
     them (the paper and the official code train GPT-2 in fp32, docs/method.md §5)."""
-    from conftest import compose_cfg
-    from from_config import agent_from
+    from helpers.compose import compose_cfg
+    from helpers.from_config import agent_from
 
     from cory.policy import Backbone
 

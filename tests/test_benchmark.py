@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import compose_cfg
+from helpers.compose import compose_cfg
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import CONF_DIR, compose_cfg
+from helpers.compose import CONF_DIR, compose_cfg
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
@@ -122,7 +122,7 @@ def test_sweep_groups_its_runs_in_wandb_and_logs_the_frontier_at_the_end(tmp_pat
     for run_dir in {p.parent for p in sweep_dir.rglob("summary.json")}:
         algorithm = json.loads((run_dir / "summary.json").read_text())["algorithm"]
         run = offline_run(run_dir)
-        assert run["group"] == "fig3_imdb" and run["job_type"] == ""
+        assert run["group"] == "fig3_imdb" and run["job_type"] == "train"
         assert {f"algorithm={algorithm}", "seed=0", "sweep=fig3_imdb", "experiment=smoke", "model=tiny_gpt2"} <= set(
             run["tags"]
         )
@@ -223,7 +223,10 @@ def test_tags_hold_choices_and_overrides_but_not_where_a_run_ran():
     assert tags[4:] == ["task=toy"] and all(len(t) <= 64 for t in tags)
 
 
-def test_identity_is_the_first_starts_even_after_a_resume(tmp_path):
+def test_identity_is_the_first_starts_even_after_a_resume(tmp_path, monkeypatch):
+    from hydra.core.hydra_config import HydraConfig
+
+    monkeypatch.setattr(HydraConfig.instance(), "cfg", None)  # no Hydra run of an earlier test in this process
     first = compose_cfg(["experiment=smoke", "sweep=fig3_imdb", "algorithm=cory"], return_hydra_config=True)
     (tmp_path / ".hydra" / "resumed").mkdir(parents=True)
     OmegaConf.save({"hydra": first.hydra}, tmp_path / ".hydra" / "hydra.yaml")

@@ -22,7 +22,6 @@ Run: `pytest tests/test_commands.py` (about a minute on 2 CPUs).
 
 from __future__ import annotations
 
-import itertools
 import re
 import shlex
 import subprocess
@@ -32,12 +31,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import compose_cfg
+from helpers.compose import _compose, _jobs
+from helpers.runners import check_run_folder, env, run_main
 from hydra.core.hydra_config import HydraConfig
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
-from runners import env, run_main
-from test_train import check_run_folder
 
 from cory.config import validate
 from cory.errors import ConfigError
@@ -147,31 +144,6 @@ def _args(line: str) -> list[str]:
     if "-m" in tokens[1:]:
         return tokens[tokens.index("-m", 1) + 2 :]
     return tokens[next(i for i, t in enumerate(tokens) if t.startswith("scripts/")) + 1 :]
-
-
-@cache
-def _compose(overrides: tuple[str, ...], hydra: bool = False):
-    """`compose_cfg`, once per distinct override list (the pages and the scripts print the same jobs)."""
-    return compose_cfg(list(overrides), return_hydra_config=hydra)
-
-
-def _jobs(overrides: list[str]) -> tuple[list[list[str]], int]:
-    """Every job's overrides: command-line sweeps, and a `sweep=` file's `hydra.sweeper.params` beneath them,
-    and the number of seeds. Jobs that differ only in their seed are one job here: the seed changes no key's
-    type or range."""
-    parsed = OverridesParser.create().parse_overrides(overrides)
-    fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
-    sweeps = {o.key_or_group: list(o.sweep_string_iterator()) for o in parsed if o.is_sweep_override()}
-    params = _compose(tuple(fixed), hydra=True).hydra.sweeper.get("params") or {}
-    for key, value in params.items():
-        (o,) = OverridesParser.create().parse_overrides([f"{key}={value}"])
-        if key not in sweeps and key not in {p.key_or_group for p in parsed}:
-            sweeps[key] = list(o.sweep_string_iterator()) if o.is_sweep_override() else [str(value)]
-    seeds = len(sweeps.get("seed", [None]))
-    sweeps = {k: v[:1] if k == "seed" else v for k, v in sweeps.items()}
-    keys = list(sweeps)
-    jobs = [fixed + [f"{k}={v}" for k, v in zip(keys, values)] for values in itertools.product(*sweeps.values())]
-    return jobs, seeds
 
 
 def _check_names_resolve(overrides: list[str]) -> None:

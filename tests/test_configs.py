@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONF_DIR, compose_cfg
+from helpers.compose import CONF_DIR, compose_cfg
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import compose_cfg
+from helpers.compose import compose_cfg
 from hydra.utils import instantiate
 
 import cory.evaluate

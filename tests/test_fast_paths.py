@@ -19,7 +19,7 @@ import dataclasses
 
 import pytest
 import torch
-from from_config import learner
+from helpers.from_config import learner
 
 from cory import runtime
 from cory.models import build_tiny_gpt2, build_tiny_llama, make_reference

@@ -11,8 +11,8 @@ import math
 
 import pytest
 import torch
-from conftest import compose_cfg
-from from_config import learner
+from helpers.compose import compose_cfg
+from helpers.from_config import learner
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from cory.models import build_tiny_gpt2, make_reference

@@ -16,9 +16,9 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import compose_cfg
+from helpers.compose import compose_cfg
+from helpers.runners import check_run_folder, read_rows
 from hydra.utils import instantiate
-from test_train import check_run_folder, read_rows
 
 import cory.algorithms.team
 from cory.config import validate
@@ -180,9 +180,9 @@ def _readme_commands(prefix: str) -> list[str]:
 
 @pytest.mark.parametrize("command", _readme_commands("python -m cory.train -m "))
 def test_the_readme_gsm8k_sweeps_compose(command):
-    """Each run of each GSM8K sweep the README and the docs pages print (its sweep file's jobs,
-    `tests/test_commands.py`'s expansion) composes and validates up to the missing GPU."""
-    from test_commands import _jobs
+    """Each run of each GSM8K sweep the README and the docs pages print (its sweep file's jobs, expanded by
+    `helpers.compose._jobs` as in tests/test_commands.py) composes and validates up to the missing GPU."""
+    from helpers.compose import _jobs
 
     jobs, seeds = _jobs(command.removeprefix("python -m cory.train -m ").split())
     assert len(jobs) * seeds >= 6

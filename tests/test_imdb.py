@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
-from fakes import save_tiny_classifier, write_reviews_csv
-from from_config import task_kwargs
+from helpers.fakes import save_tiny_classifier, write_reviews_csv
+from helpers.from_config import task_kwargs
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 

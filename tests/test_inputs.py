@@ -22,9 +22,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from fakes import write_reviews_csv
-from runners import REPO, cli, env, finished_run, one_error_line, run_main, start_run
-from test_train import smoke
+from helpers.fakes import write_reviews_csv
+from helpers.runners import REPO, cli, env, finished_run, one_error_line, run_main, smoke, start_run
 
 import cory.models
 from cory.checkpoints import latest_checkpoint

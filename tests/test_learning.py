@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import compose_cfg
+from helpers.compose import compose_cfg
 
 from cory.train import train
 

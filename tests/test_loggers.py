@@ -131,7 +131,10 @@ class FakeRun:
         self.logged = []
         self.finished = False
 
-    def log(self, data, step):
+    def define_metric(self, name, **kwargs):
+        self.defined = [*getattr(self, "defined", []), (name, kwargs)]
+
+    def log(self, data, step=None):
         if self.fail_log:
             raise ConnectionError("broken pipe\nsecond line")
         self.logged.append((step, data))

@@ -21,13 +21,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import compose_cfg
-from from_config import algorithm_from
+from helpers.compose import compose_cfg
+from helpers.from_config import algorithm_from
+from helpers.runners import assert_same_rows, cli, env, read_rows, wait_for_train_row
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
-from test_robustness import assert_same_rows, cli, env, wait_for_train_row
-from test_train import read_rows
 
 from cory.config import validate
 from cory.errors import ConfigError

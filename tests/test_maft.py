@@ -10,7 +10,7 @@
   config group binds to its targets; the MiniLM diversity metric.
 
 Subprocesses run the real entry point (`cory.train.main`) with one torch thread, like the in-process reference, and
-pause at an exact stage (`maft_fakes.main_with_a_pause`) so that the signal or the kill lands there every time.
+pause at an exact stage (`helpers.maft_fakes.main_with_a_pause`) so that the signal or the kill lands there every time.
 Run: `pytest tests/test_maft.py` (about two minutes on 2 CPUs; five subprocess starts).
 """
 
@@ -28,11 +28,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import compose_cfg
+from helpers.compose import compose_cfg
+from helpers.maft_fakes import Problems, fake_context, maft_cfg, scripted_agent_models
+from helpers.runners import REPO, assert_same_rows, env
 from hydra.utils import instantiate
-from maft_fakes import Problems, fake_context, maft_cfg, scripted_agent_models
 from omegaconf import OmegaConf
-from runners import REPO, assert_same_rows, env
 from safetensors.torch import load_file, save_file
 
 import cory.train
@@ -183,10 +183,10 @@ def reference(tmp_path_factory) -> Path:
 
 def start_paused(run_dir: Path, pause: str, *args: str) -> tuple[subprocess.Popen, Path]:
     """`python -m cory.train <args>` in a subprocess that waits at the MAFT stage `pause` (see
-    `maft_fakes.main_with_a_pause`); returns the process and the marker it writes there."""
+    `helpers.maft_fakes.main_with_a_pause`); returns the process and the marker it writes there."""
     marker = run_dir.parent / f"{pause.replace(':', '-')}.pause"
     out, err = (run_dir.parent / f"{marker.stem}.{s}" for s in ("out", "err"))
-    code = "import maft_fakes; maft_fakes.main_with_a_pause()"
+    code = "from helpers.maft_fakes import main_with_a_pause; main_with_a_pause()"
     extra = {"MAFT_PAUSE": pause, "MAFT_PAUSE_MARKER": str(marker), "PYTHONPATH": str(REPO / "tests")}
     proc = subprocess.Popen(
         [sys.executable, "-c", code, *args], cwd=REPO, env=env(**extra), stdout=out.open("w"), stderr=err.open("w")

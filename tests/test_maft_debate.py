@@ -13,8 +13,8 @@ from functools import partial
 import numpy as np
 import pytest
 import torch
+from helpers.maft_fakes import Problems, fake_context, maft_cfg, no_model, scripted_agent_models
 from hydra.utils import instantiate
-from maft_fakes import Problems, fake_context, maft_cfg, no_model, scripted_agent_models
 from omegaconf import OmegaConf
 
 from cory.errors import ConfigError

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from maft_fakes import CHAT_TEMPLATE
+from helpers.maft_fakes import CHAT_TEMPLATE
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from cory.maft.agents import FullCopies, GenerationSettings, LoraAgents

@@ -26,10 +26,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from conftest import compose_cfg
-from from_config import learner, task_kwargs
-from test_cory import QUERIES, make_cory
-from test_train import smoke
+from helpers.compose import compose_cfg
+from helpers.cory_setup import QUERIES, make_cory
+from helpers.from_config import learner, task_kwargs
+from helpers.runners import smoke
 
 import cory.algorithms.cory
 import cory.algorithms.ppo

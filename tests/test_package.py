@@ -23,7 +23,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from runners import env
+from helpers.runners import env
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

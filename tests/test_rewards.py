@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from fakes import save_tiny_classifier, write_reviews_csv
+from helpers.fakes import save_tiny_classifier, write_reviews_csv
 
 from cory.tasks.rewards import ClassifierReward, TfidfSentimentReward
 

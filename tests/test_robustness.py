@@ -29,23 +29,25 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import compose_cfg
-from from_config import task_kwargs
-from runners import (
+from helpers.compose import compose_cfg
+from helpers.from_config import task_kwargs
+from helpers.runners import (
     REPO,
     assert_same_rows,
+    check_run_folder,
     cli,
     env,
     finished_run,
+    read_rows,
     resume,
     resume_run,
+    smoke,
     snapshot,
     start,
     start_run,
     wait_for_train_row,
 )
 from safetensors.torch import load_file, save_file
-from test_train import check_run_folder, read_rows, smoke
 
 import cory.checkpoints
 import cory.models

@@ -28,12 +28,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import compose_cfg
+from helpers.compose import compose_cfg
+from helpers.runners import assert_same_rows, check_run_folder, env, read_rows, run_main, snapshot
+from helpers.runners import resume_run as resume
+from helpers.runners import start_run as start
 from hydra.core.hydra_config import HydraConfig
-from runners import assert_same_rows, env, run_main, snapshot
-from runners import resume_run as resume
-from runners import start_run as start
-from test_train import check_run_folder, read_rows
 
 from cory import assets, cli, runs
 from cory.errors import ConfigError
@@ -311,7 +310,7 @@ def test_a_job_started_from_a_sweep_file_in_run_mode_resumes_as_one_run(tmp_path
 
 # ------------------------------------------------------------------------------------------------------ caches
 def test_the_tfidf_cache_key_ignores_where_the_data_lives(tmp_path):
-    from fakes import write_reviews_csv
+    from helpers.fakes import write_reviews_csv
 
     a = write_reviews_csv(tmp_path / "a.csv")
     (tmp_path / "elsewhere").mkdir()
@@ -324,7 +323,7 @@ def test_the_tfidf_cache_key_ignores_where_the_data_lives(tmp_path):
 
 
 def test_a_tfidf_builder_that_loses_the_race_keeps_the_winners_cache(tmp_path):
-    from fakes import write_reviews_csv
+    from helpers.fakes import write_reviews_csv
 
     data = write_reviews_csv(tmp_path / "reviews.csv")
     winner = rewards.TfidfSentimentReward(cache_dir=str(tmp_path / "cache"), data_files=str(data))

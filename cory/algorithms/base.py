@@ -50,10 +50,11 @@ class StepOutput:
 
 @dataclass
 class EvalOutput:
-    """One held-out evaluation: its metrics (`eval/...`) and named sample tables."""
+    """One held-out evaluation: its metrics (`eval/...`), named sample tables, and the few numbers of its log line."""
 
     metrics: dict[str, float]
     tables: list[tuple[str, list[dict]]] = field(default_factory=list)
+    headline: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

@@ -42,6 +42,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from cory import runtime
 from cory.algorithms.base import EvalOutput, Report, RunContext, StepOutput, named_parameters
 from cory.checkpoints import check_files, damaged, refuse_nonfinite
 from cory.errors import CheckpointError, ConfigError
@@ -197,8 +198,9 @@ class MAFT:
         if out is None:
             return None
         metrics, samples = out
-        print(f"[maft] {round_line(iteration, metrics)}", flush=True)
-        return EvalOutput(metrics, [("maft/debates", samples)])
+        runtime.say(f"[maft] {round_line(iteration, metrics)}")
+        headline = {k: metrics[f"maft/eval/{k}"] for k in ("accuracy", "accuracy_se") if f"maft/eval/{k}" in metrics}
+        return EvalOutput(metrics, [("maft/debates", samples)], headline)
 
     def parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
         return named_parameters({agent: self.pool.parameters(agent) for agent in self.trained_agents})
@@ -302,10 +304,7 @@ class MAFT:
 
     def debate_round(self, records: list[DebateRecord], split: str, k: int, r: int) -> list[DebateRecord]:
         """Debate round r (0-based): the prompts every agent sees, then every agent's answer."""
-        print(
-            f"[maft] round {k}: {split} debate, round {r + 1}/{self.debate_rounds}, {len(records)} problems",
-            flush=True,
-        )
+        runtime.say(f"[maft] round {k}: {split} debate, round {r + 1}/{self.debate_rounds}, {len(records)} problems")
         torch.manual_seed(stage_seed(self.seed, split, k, r))
         rng = np.random.default_rng(stage_seed(self.seed, split, k, r))
         records, n = copy.deepcopy(records), self.num_agents
@@ -368,7 +367,7 @@ class MAFT:
                 self.pool.reset(agent)
             stats: dict[str, float] = {"examples": 0.0}
             if chats:  # no data: the agent keeps its weights this round
-                print(f"[maft] round {k}: fine-tuning {agent} on {len(chats)} conversations", flush=True)
+                runtime.say(f"[maft] round {k}: fine-tuning {agent} on {len(chats)} conversations")
                 seed = stage_seed(self.seed, "sft", k, index)
                 stats = self.pool.finetune(agent, chats, self.sft, seed)
             self.store.save_weights_stats(k, agent, stats)

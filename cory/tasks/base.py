@@ -10,6 +10,8 @@ from __future__ import annotations
 import weakref
 from typing import ClassVar, Protocol
 
+from cory import runtime
+
 
 class Task(Protocol):
     """A text task with a scalar reward per (query, response)."""
@@ -77,7 +79,7 @@ class SafeScorer:
                 scores.append(float(self.task.failure_reward))
                 if self.task not in SafeScorer._reported:
                     SafeScorer._reported.add(self.task)
-                    print(
+                    runtime.say(
                         f"[cory] reward failed on query={q!r} response={a!r}: {type(err).__name__}: {err} "
                         f"(given failure_reward={self.task.failure_reward}; further failures are only counted)"
                     )

@@ -29,6 +29,7 @@ from scipy import sparse
 from sklearn.feature_extraction.text import CountVectorizer
 from sklearn.preprocessing import normalize
 
+from cory import runtime
 from cory.errors import AssetUnavailableError
 from cory.hub import from_pretrained_or_fail
 
@@ -234,11 +235,10 @@ def _train_and_save(path: Path, data_files: str, seed: int, max_rows: int | None
         publish(tmp, path, lambda folder: (folder / "meta.json").is_file())  # a concurrent run may have won
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(
+    runtime.say(
         f"[cory] trained the TF-IDF sentiment reward on {len(train_idx)} reviews in {meta['train_seconds']} s; "
         f"held-out accuracy {accuracy if accuracy is None else round(accuracy, 3)} on {len(eval_idx)} reviews; "
-        f"cached in {path}",
-        flush=True,
+        f"cached in {path}"
     )
 
 

@@ -14,10 +14,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from conftest import compose_cfg
 from omegaconf import DictConfig, OmegaConf
 
 from cory.ppo.learner import PPOConfig
+from helpers.compose import compose_cfg
 
 # The paper's learner block (cory/conf/algorithm/ppo.yaml as the IMDB preset composes it): init β 0.3, 4 epochs, ...
 PAPER = ("experiment=imdb_gpt2",)

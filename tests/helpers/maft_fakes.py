@@ -10,7 +10,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from conftest import compose_cfg
 from omegaconf import DictConfig, OmegaConf
 
 from cory.algorithms.base import RunContext
@@ -18,6 +17,7 @@ from cory.maft.debate import Chat
 from cory.models import build_tiny_gpt2
 from cory.settings import HardwareSettings, RunSettings
 from cory.tasks.problems import Problem, arithmetic_problems, split_disjoint
+from helpers.compose import compose_cfg
 
 # A minimal chat template for the in-memory byte tokenizer (which has none): role tags, EOS closes every turn.
 CHAT_TEMPLATE = (
@@ -76,8 +76,8 @@ def maft_cfg(tmp_path: Path, overrides: list[str] | None = None, **task) -> Dict
         ]
     )
     OmegaConf.update(cfg, "algorithm.agent_models.chat_template", CHAT_TEMPLATE)
-    cfg.task = OmegaConf.create({"_target_": "maft_fakes.ArithmeticProblems", **task})
-    cfg.model = OmegaConf.create({"_target_": "maft_fakes.tiny_gpt2_that_writes_digits"})
+    cfg.task = OmegaConf.create({"_target_": "helpers.maft_fakes.ArithmeticProblems", **task})
+    cfg.model = OmegaConf.create({"_target_": "helpers.maft_fakes.tiny_gpt2_that_writes_digits"})
     return cfg
 
 
@@ -166,7 +166,8 @@ def main_with_a_pause() -> None:
     `MAFT_PAUSE` names it: `finetune_agent:<round>:<agent index>` (before that agent's SFT) or
     `debate_round:<split>:<round>:<debate round, 0-based>` (before that debate round). There the process writes the
     file `MAFT_PAUSE_MARKER` and waits until `<marker>.go` exists (or it is killed), then carries on. Run as
-    `python -c "import maft_fakes; maft_fakes.main_with_a_pause()" <overrides>` with tests/ on PYTHONPATH.
+    `python -c "from helpers.maft_fakes import main_with_a_pause; main_with_a_pause()" <overrides>` with tests/ on
+    PYTHONPATH.
     """
     import cory.train
     from cory.algorithms.maft import MAFT
