@@ -12,6 +12,7 @@ is truncated: `trainer.json` has every key, no file is empty, nothing pickled ot
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import pickle
@@ -56,6 +57,7 @@ def write_checkpoint(final: Path, save_algorithm: Callable[[Path], None], state:
     (tmp / ALGORITHM_DIR).mkdir()
     save_algorithm(tmp / ALGORITHM_DIR)
     save_file(runtime.torch_rng_states(), str(tmp / "torch_rng.safetensors"))
+    state = state | {"files": {str(f.relative_to(tmp)): _sha256(f) for f in sorted(tmp.rglob("*")) if f.is_file()}}
     (tmp / "trainer.json").write_text(json.dumps(state))  # written last: its presence marks completeness
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
@@ -74,6 +76,28 @@ def read_state(path: Path) -> dict:
         lacks = ", ".join(missing)
         raise CheckpointError(f"checkpoint {path} is unreadable (trainer.json lacks {lacks}); {_FALLBACK}")
     return state
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify_checksums(checkpoint: Path, state: dict) -> None:
+    """Every file `trainer.json` lists has the SHA-256 recorded when it was written: a bit flip or an edit that
+    still parses (a weight changed on disk) is refused, naming the file, instead of resuming with other numbers."""
+    for name, digest in state.get("files", {}).items():
+        path = checkpoint / name
+        if not path.is_file():
+            raise CheckpointError(f"checkpoint {checkpoint} is damaged: {name} is missing; {_FALLBACK}")
+        if _sha256(path) != digest:
+            raise CheckpointError(
+                f"checkpoint {checkpoint} is damaged: {name} does not match the checksum recorded when it was "
+                f"saved (a bit flip or an edit); {_FALLBACK}"
+            )
 
 
 def load_torch_rng(checkpoint: Path) -> dict[str, torch.Tensor]:

@@ -36,6 +36,7 @@ from cory.checkpoints import (
     latest_checkpoint,
     load_torch_rng,
     read_state,
+    verify_checksums,
     write_checkpoint,
 )
 from cory.errors import CheckpointError, NonFiniteError
@@ -78,6 +79,8 @@ class Trainer:
         self.stop_requested = False
         self.stopped_by: str | None = None  # the signal that stopped the run (SIGTERM, SIGINT)
         self.wandb_run_id = getattr(logger, "run_id", None)
+        self.earlier_wall_s = 0.0  # wall time of the earlier starts, up to the checkpoint this one resumed from
+        self._start_time = time.perf_counter()
         self._eval_headline: dict[str, float] = {}
 
     def _plan(self) -> str:
@@ -93,7 +96,7 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------------ loop
     def fit(self) -> dict:
-        start_time = time.perf_counter()
+        start_time = self._start_time = time.perf_counter()
         previous = self._install_signal_handlers()
         bar = tqdm(
             range(self.iteration, self.s.iterations),
@@ -219,6 +222,7 @@ class Trainer:
             "wandb_run_id": self.wandb_run_id,
             "run_info": self.run_info,
             "pending_eval": self.pending_eval,
+            "wall_time_s": self.earlier_wall_s + time.perf_counter() - self._start_time,
         }
         final = self.run_dir / "checkpoints" / f"iter_{self.iteration:06d}"
         if distributed.is_main():  # weights are identical on every process: rank 0 writes them
@@ -233,8 +237,9 @@ class Trainer:
             raise CheckpointError(
                 f"checkpoint {path} is incompatible with this run: format {state['format']} vs {CHECKPOINT_FORMAT}"
             )
-        self.algorithm.load(path / ALGORITHM_DIR)
+        self.algorithm.load(path / ALGORITHM_DIR)  # its own one-line refusals name what is wrong
         torch_states = load_torch_rng(path)
+        verify_checksums(path, state)  # what still parsed must also be what was saved
         runtime.set_rng_state(state["rng"])
         runtime.set_torch_rng_states(torch_states)
         self.iteration = state["iteration"]
@@ -243,6 +248,7 @@ class Trainer:
         self.wandb_run_id = state["wandb_run_id"]
         self.run_info = state["run_info"]  # the run's identity (model choice, git SHA) is that of its first start
         self.pending_eval = bool(state.get("pending_eval", False))
+        self.earlier_wall_s = float(state.get("wall_time_s", 0.0))
 
     # ------------------------------------------------------------------------------------------------ helpers
     def _log(self, metrics: dict[str, float], step: int, samples: list[dict] | None = None) -> None:
@@ -292,7 +298,8 @@ class Trainer:
             report = self.algorithm.report(self._rows(), self.run_dir)
             summary |= report.summary
             self.report_lines = report.lines
-        return summary | {"wall_time_s": wall_s}
+        # the whole run's wall time: this start's, plus the earlier starts' up to the checkpoint it resumed from
+        return summary | {"wall_time_s": self.earlier_wall_s + wall_s, "wall_time_this_start_s": wall_s}
 
     def _install_signal_handlers(self) -> dict:
         """SIGTERM (SLURM pre-emption) and SIGINT (Ctrl-C): finish the iteration, checkpoint, exit cleanly.

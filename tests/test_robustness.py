@@ -417,3 +417,30 @@ def test_a_failing_reward_gets_the_failure_reward_and_is_counted(tmp_path, monke
     samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
     first = [s for s in samples if s["table"] == "train/samples" and s["iteration"] == 0]
     assert [s["pioneer_reward"] for s in first[:2]] == [-1.0, -1.0]
+
+
+def test_a_bit_flip_that_still_parses_is_refused_naming_the_file(tmp_path):
+    """A weight changed on disk loads without complaint from safetensors; the checksums recorded at save refuse it."""
+    run_dir = finished_run(tmp_path)
+    ckpt = latest_checkpoint(run_dir)
+    path = ckpt / "algorithm/llm1/policy.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-100] ^= 0x01  # one bit of one weight (the tensor data sits at the end of the file)
+    path.write_bytes(bytes(data))
+    load_file(str(path))  # still a valid safetensors file
+    before = snapshot(run_dir)
+    with pytest.raises(CheckpointError) as err:
+        resume_run(run_dir, "iterations=3")
+    text = str(err.value)
+    assert "algorithm/llm1/policy.safetensors does not match the checksum" in text and "\n" not in text
+    assert snapshot(run_dir) == before
+
+
+def test_the_summary_counts_the_wall_time_of_every_start(tmp_path):
+    run_dir = finished_run(tmp_path)
+    first = json.loads((run_dir / "summary.json").read_text())
+    state = json.loads((latest_checkpoint(run_dir) / "trainer.json").read_text())
+    assert 0 < state["wall_time_s"] <= first["wall_time_s"]
+    second = resume_run(run_dir, "iterations=3")
+    assert second["wall_time_this_start_s"] < second["wall_time_s"]
+    assert second["wall_time_s"] == pytest.approx(state["wall_time_s"] + second["wall_time_this_start_s"])
