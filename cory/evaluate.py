@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -174,17 +175,28 @@ def plot_passk(summary: dict[str, dict], path: Path, title: str) -> None:
 
 
 def read_results(path: Path) -> list[dict]:
-    """The complete rows of `results.jsonl`; a line cut by a kill is dropped (and rewritten away)."""
+    """The complete rows of `results.jsonl`, one per (model, problem): a line cut by a kill or a full disk is dropped
+    and a repeated row is kept once (the first), and the file is rewritten that way before anything is appended."""
     if not path.exists():
         return []
-    rows, good = [], []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    rows, good, seen = [], [], set()
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    if text and not text.endswith("\n"):
+        lines = lines[:-1]  # a torn tail: even if it parses, it was not written whole
+    for line in lines:
         try:
-            rows.append(json.loads(line))
-            good.append(line + "\n")
-        except json.JSONDecodeError:
+            row = json.loads(line)
+            key = (row["model"], row["index"])
+        except (json.JSONDecodeError, KeyError, TypeError):
             continue
-    path.write_text("".join(good), encoding="utf-8")
+        if key not in seen:
+            seen.add(key)
+            rows.append(row)
+            good.append(line + "\n")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(good), encoding="utf-8")
+    os.replace(tmp, path)
     return rows
 
 
@@ -200,9 +212,6 @@ def evaluate_run(
 ) -> dict[str, dict]:
     """Evaluate the base model and every agent of `target`'s checkpoint (the base model of the config composed from
     `overrides` when `target` is None); returns {model: summary}."""
-    from hydra.utils import instantiate
-
-    from cory.build import build_backbone
 
     run_dir, checkpoint = resolve_target(target) if target is not None else (None, None)
     cfg = load_config(run_dir, overrides)
@@ -219,11 +228,41 @@ def evaluate_run(
     if (out / SETTINGS).exists() and json.loads((out / SETTINGS).read_text()) != settings:
         raise ConfigError(f"{out} holds results of other settings ({out / SETTINGS}); pass another --out")
     (out / SETTINGS).write_text(json.dumps(settings))
+    with _owned(out):  # one evaluation per output folder at a time, as one run per run folder
+        return _evaluate_into(cfg, run_dir, checkpoint, agents, out, n, ks, num_problems, batch_size, seed)
 
+
+@contextlib.contextmanager
+def _owned(out: Path):
+    from cory.runs import RunLock
+
+    lock = RunLock(out)
+    try:
+        lock.acquire()
+    except ConfigError:
+        raise ConfigError(
+            f"{out} is being written by another evaluation; wait for it, or pass another --out"
+        ) from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _evaluate_into(cfg, run_dir, checkpoint, agents, out: Path, n: int, ks, num_problems, batch_size, seed) -> dict:
+    """The pass@k evaluation proper, into `out` (owned by this process)."""
+    from hydra.utils import get_object, instantiate
+    from tqdm.auto import tqdm
+
+    from cory.build import build_backbone
+
+    if not hasattr(get_object(cfg.task._target_), "eval_problems"):  # said before any model loads
+        raise ConfigError(f"task {cfg.task._target_}: pass@k needs a task with numeric answers (gsm8k, arithmetic)")
+    if not agents:
+        where = f"{run_dir} has no checkpoint of policy agents" if run_dir is not None else "no run was given"
+        runtime.say(f"[cory.evaluate] {where}: evaluating the base model only")
     backbone = build_backbone(cfg.model, runtime.resolve_device(cfg.hardware.device))
     task = instantiate(cfg.task, tokenizer=backbone.tokenizer, _convert_="all")
-    if not hasattr(task, "eval_problems"):
-        raise ConfigError(f"task {task.name}: pass@k needs a task with numeric answers (task=gsm8k or arithmetic)")
     questions = [p.question for p in task.eval_problems()[:num_problems]]
     policy = _Policy(backbone, cfg.seed, cfg.hardware.precision)
     batch_size = batch_size or cfg.eval_batch_size
@@ -235,7 +274,8 @@ def evaluate_run(
                 continue
             if model != "base":
                 policy.handle.load_weights(checkpoint / ALGORITHM_DIR / model)
-            for start in range(0, len(questions), per_chunk):
+            starts = range(0, len(questions), per_chunk)
+            for start in tqdm(starts, desc=f"pass@k {model}", unit="chunk", dynamic_ncols=True, leave=False):
                 index = range(start, min(start + per_chunk, len(questions)))
                 if all((model, i) in done for i in index):
                     continue
@@ -244,7 +284,7 @@ def evaluate_run(
                 lines = [json.dumps({"model": model, "index": i} | row) for i, row in zip(index, rows)]
                 results.write("\n".join(lines) + "\n")  # one write per chunk: a kill loses at most this chunk
                 results.flush()
-            print(f"[cory.evaluate] {model}: {len(questions)} problems done", file=sys.stderr, flush=True)
+            runtime.say(f"[cory.evaluate] {model}: {len(questions)} problems done")
 
     rows = read_results(out / RESULTS)
     summary = {
@@ -252,6 +292,7 @@ def evaluate_run(
         for model in ["base", *agents]
     }
     (out / SUMMARY).write_text(json.dumps(summary, indent=2))
+    runtime.say(f"[cory.evaluate] results in {out / SUMMARY} and {out / PLOT}")
     plot_passk(summary, out / PLOT, f"{task.name}: n={n}, {len(questions)} problems")
     if str(cfg.logger.get("_target_", "")).endswith("WandbLogger"):
         _log_to_wandb(cfg, run_dir or out, out, summary)
@@ -282,7 +323,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("target", help="a run folder (its latest checkpoint), a checkpoint folder, or an override")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the run's resolved config")
     parser.add_argument("--n", type=int, default=16, help="samples per problem (default 16)")
-    parser.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="k values (each <= n)")
+    parser.add_argument(
+        "--ks", type=int, nargs="+", default=None, help="k values, each <= n (default: 1, 2, 4, 8, 16 up to n)"
+    )
     parser.add_argument("--num-problems", type=int, default=None, help="first N held-out problems (default all)")
     parser.add_argument("--batch-size", type=int, default=None, help="prompts per generate (default eval_batch_size)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
@@ -290,8 +333,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cfg", choices=["job"], help="print the config it would evaluate with, run nothing")
     args = parser.parse_args(argv)
     try:
+        if args.ks is None:
+            args.ks = [k for k in (1, 2, 4, 8, 16) if k <= args.n] or [args.n]
         if args.n < 1 or min(args.ks) < 1:
             raise ConfigError(f"--n={args.n} and --ks={args.ks}: need n >= 1 and every k >= 1")
+        above = [k for k in args.ks if k > args.n]
+        if above:  # pass@k needs k of the n samples: such a k would silently be left out
+            raise ConfigError(f"--ks {' '.join(map(str, above))}: above --n={args.n}; pass@k needs k <= n")
+        if args.num_problems is not None and args.num_problems < 1:
+            raise ConfigError(f"--num-problems={args.num_problems}: must be >= 1 (leave it out for all problems)")
+        if args.batch_size is not None and args.batch_size < 1:
+            raise ConfigError(f"--batch-size={args.batch_size}: must be >= 1")
         target, overrides = Path(args.target), args.overrides
         if "=" in args.target:  # no run: the base model of the config these overrides compose
             target, overrides = None, [args.target, *args.overrides]
@@ -305,7 +357,20 @@ def main(argv: list[str] | None = None) -> None:
     except USER_ERRORS as err:
         print("error: " + " ".join(str(err).split()), file=sys.stderr)
         sys.exit(2)
-    print(json.dumps(summary, indent=2))
+    print(summary_table(summary, args.ks))
+
+
+def summary_table(summary: dict[str, dict], ks: list[int]) -> str:
+    """pass@k per model (rows: k), then greedy accuracy and the no-answer rate: what `passk.json` holds."""
+    models = list(summary)
+    width = max(12, *(len(m) + 2 for m in models))
+    lines = ["".ljust(16) + "".join(m.rjust(width) for m in models)]
+    for key in [f"pass@{k}" for k in ks] + ["greedy_accuracy", "no_answer_rate"]:
+        values = [summary[m].get(key) for m in models]
+        lines.append(key.ljust(16) + "".join(("—" if v is None else f"{v:.3f}").rjust(width) for v in values))
+    problems = {summary[m]["num_problems"] for m in models}
+    lines.append(f"({', '.join(map(str, sorted(problems)))} problems, n = {summary[models[0]]['n']} samples each)")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

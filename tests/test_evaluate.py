@@ -151,3 +151,49 @@ def test_the_wandb_mirror_runs_offline(tmp_path, monkeypatch):
     assert list((tmp_path / "eval" / "wandb").glob("offline-run-*"))
     logged = json.loads((tmp_path / "eval" / "metrics.jsonl").read_text().splitlines()[0])
     assert {"passk/base/pass@1", "passk/llm1/pass@2", "passk/llm1/greedy_accuracy"} <= set(logged)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--n", "4", "--ks", "2", "8"], "error: --ks 8: above --n=4"),
+        (["--num-problems", "0"], "error: --num-problems=0: must be >= 1"),
+        (["--num-problems", "-1"], "error: --num-problems=-1: must be >= 1"),
+        (["--batch-size", "-1"], "error: --batch-size=-1: must be >= 1"),
+    ],
+)
+def test_flags_that_would_give_a_silent_partial_answer_are_refused(tmp_path, flags, message):
+    out = _run(str(tmp_path), *flags)  # refused before the folder is even read
+    assert out.returncode == 2 and out.stderr.startswith(message) and out.stderr.count("\n") == 1
+
+
+def test_a_torn_or_repeated_results_file_counts_each_problem_once(tmp_path):
+    path = tmp_path / "results.jsonl"
+    rows = [{"model": "base", "index": i, "n": 2, "correct": i % 3} for i in range(3)]
+    lines = [json.dumps(r) for r in rows]
+    # a row written twice (two evaluations at once before the lock) and a tail cut by a kill: a parsable prefix
+    path.write_text("\n".join([lines[0], lines[1], lines[1], lines[2]]) + "\n" + json.dumps(rows[0])[:-1] + "}")
+    assert cory.evaluate.read_results(path) == rows
+    assert path.read_text() == "\n".join(lines) + "\n"  # rewritten whole, so appends start on a clean line
+
+
+def test_two_evaluations_of_one_folder_do_not_write_at_once(tmp_path):
+    from cory.runs import RunLock
+
+    lock = RunLock(tmp_path / "eval")
+    (tmp_path / "eval").mkdir()
+    lock.acquire()  # another evaluation is writing there
+    try:
+        with pytest.raises(cory.evaluate.ConfigError, match="being written by another evaluation"):
+            evaluate_run(
+                None,
+                ["experiment=gsm8k_smoke"],
+                n=2,
+                ks=[1],
+                num_problems=1,
+                batch_size=2,
+                seed=0,
+                out=tmp_path / "eval",
+            )
+    finally:
+        lock.release()
