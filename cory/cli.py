@@ -16,6 +16,7 @@ sweep job reaches us and is printed as one line (exit code 2) instead of a trace
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -31,6 +32,28 @@ _HELP = {"-h", "--help", "--hydra-help", "--version", "--shell-completion", "-sc
 
 class SweepJobError(Exception):
     """A sweep job failed with a user error (already printed by the job); raised so Hydra marks it failed."""
+
+
+_PLAIN_PATH = re.compile(r"[\w./~:+-]*", re.ASCII)
+
+
+def quote_path_override(override: str) -> str:
+    """`key=<path>` with the path quoted for Hydra's override grammar when it needs it: any folder a shell can
+    pass (a sweep job's `…/iterations=2/seed=0`, spaces, non-ASCII) is one value, not an error."""
+    key, value = override.split("=", 1)
+    if _PLAIN_PATH.fullmatch(value) or value[:1] in "'\"":
+        return override
+    quote = "'" if "'" not in value else '"'
+    if quote in value:
+        raise ConfigError(f"{key}={value}: a path holding both kinds of quotes cannot be passed to Hydra")
+    return f"{key}={quote}{value}{quote}"
+
+
+def unquote(value: str) -> str:
+    """A value as Hydra will see it: without the quotes `quote_path_override` (or the user) put around it."""
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1]
+    return value
 
 
 def override_key(override: str) -> str:
@@ -53,12 +76,13 @@ def _parse(args: Sequence[str]):
 
 def prepare(args: list[str]) -> list[str]:
     """The argv Hydra should see; exits with one `error:` line (code 2) when the command cannot run."""
+    args = [quote_path_override(a) if a.startswith(("resume=", "hydra.run.dir=")) else a for a in args]
     parsed = _parse(args)
     if parsed is None:
         return args
     try:
         overrides = list(parsed.overrides)
-        values = {override_key(o): o.split("=", 1)[1] for o in overrides if "=" in o}
+        values = {override_key(o): unquote(o.split("=", 1)[1]) for o in overrides if "=" in o}
         primary = int(os.environ.get("RANK", "0")) == 0  # data-parallel: rank 0 checks, all ranks follow
         extra = []
         if values.get("resume", "null") not in ("null", ""):
@@ -119,7 +143,8 @@ def _resume_args(values: dict[str, str], multirun: bool, overrides: list[str]) -
     # Hydra's snapshot of this start (the default config + the resume command) must not replace the run's own;
     # `hydra.mode=RUN`: one run, even when its first start named a sweep file (which sets MULTIRUN) in run mode,
     # as `scripts/run_sweep.py` starts each job
-    return [f"hydra.run.dir={os.path.abspath(folder)}", "hydra.output_subdir=.hydra/resumed", "hydra.mode=RUN"]
+    run_dir = quote_path_override(f"hydra.run.dir={os.path.abspath(folder)}")
+    return [run_dir, "hydra.output_subdir=.hydra/resumed", "hydra.mode=RUN"]
 
 
 def resume_overrides(folder: Path, overrides: list[str]) -> list[str]:

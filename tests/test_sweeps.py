@@ -376,3 +376,16 @@ def test_the_smollm2_conversion_keeps_a_winner_published_meanwhile(tmp_path, mon
     assert assets.smollm2_135m_dir(cache) == winner
     assert (winner / "model.safetensors").read_text() == "winner"
     assert [p.name for p in cache.iterdir()] == ["smollm2-135m"]
+
+
+@pytest.mark.parametrize("name", ["iterations=2/seed=0", "a folder with spaces", "résumé-ü"])
+def test_resume_takes_any_folder_a_shell_can_pass(tmp_path, monkeypatch, capsys, name):
+    """A sweep job's folder (`…/iterations=2/seed=0`), spaces, non-ASCII: started there and resumed as printed."""
+    run_dir = tmp_path / name
+    smoke = ["experiment=smoke", "progress=false", "iterations=2", f"cache_dir={tmp_path / 'cache'}"]
+    code, err = run_main(monkeypatch, capsys, *smoke, f"hydra.run.dir={run_dir}")
+    assert code == 0, err
+    code, err = run_main(monkeypatch, capsys, f"resume={run_dir}", "iterations=3")
+    assert code == 0, err
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows if "train/llm1/kl" in r] == [0, 1, 2]

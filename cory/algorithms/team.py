@@ -178,7 +178,7 @@ class AgentTeam:
         first = _eval_row(rows, 0)
         last = _eval_row(rows, iterations)
         agents, initial = {}, {}
-        keys = ("task_reward", "kl", "combined_reward")
+        keys = ("task_reward", "kl", "combined_reward", "task_reward_se", "kl_se", "combined_reward_se")
         for agent_id in self.agents:
             if last:
                 agents[agent_id] = {k: last.get(f"eval/{agent_id}/{k}") for k in keys}
@@ -189,7 +189,8 @@ class AgentTeam:
             before = initial.get(agent_id, {})
 
             def pair(key: str, before=before, after=after) -> str:
-                return f"{_num(before.get(key)):.3f} → {_num(after.get(key)):.3f}"
+                se = f" ± {_num(after.get(f'{key}_se')):.3f}" if after.get(f"{key}_se") is not None else ""
+                return f"{_num(before.get(key)):.3f} → {_num(after.get(key)):.3f}{se}"
 
             lines.append(
                 f"{agent_id}: held-out task reward {pair('task_reward')}, KL {pair('kl')}, "

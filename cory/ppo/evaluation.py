@@ -25,6 +25,12 @@ def eval_lengths(num: int, max_new_tokens: tuple[int, int], seed: int) -> list[i
     return torch.randint(lo, hi + 1, (num,), generator=g).tolist()
 
 
+def standard_error(values: torch.Tensor) -> float:
+    """Sample standard deviation / √n of a 1-D tensor [n]; NaN for n < 2."""
+    n = values.numel()
+    return (values.float().std(unbiased=True) / n**0.5).item() if n > 1 else float("nan")
+
+
 def evaluate(
     agent: Agent, task: Task, queries: list[str], lengths: list[int], batch_size: int, seed: int
 ) -> tuple[dict[str, float], list[dict]]:
@@ -44,10 +50,16 @@ def evaluate(
     scores, failed = SafeScorer(task)(queries, rollout.responses)
     r = torch.tensor(scores)
     kl_seq = rollout.kls.sum(-1)
+    combined = r - task.eval_kl_coef * kl_seq
     metrics = {
         "task_reward": r.mean().item(),
         "kl": kl_seq.mean().item(),
-        "combined_reward": (r - task.eval_kl_coef * kl_seq).mean().item(),
+        "combined_reward": combined.mean().item(),
+        # standard errors of the three means over the held-out prompts (sample std / √n): how far apart two
+        # evaluations must be to tell them apart; with one prompt there is no spread to estimate (NaN)
+        "task_reward_se": standard_error(r),
+        "kl_se": standard_error(kl_seq),
+        "combined_reward_se": standard_error(combined),
         "response_length": rollout.response_mask.sum(-1).float().mean().item(),
         "reward_failures": float(failed),
     }
