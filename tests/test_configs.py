@@ -27,22 +27,11 @@ from cory.policy import HANDLE_KEYS, LoraSettings
 from cory.ppo.learner import PPOConfig
 
 REPO = Path(__file__).resolve().parents[1]
+# Every option file of every group, found on disk: a config added later (a new algorithm, model or task) is composed,
+# validated and bound below with no edit of this file.
 GROUPS = {
-    "model": [
-        "tiny_gpt2",
-        "tiny_llama",
-        "smollm2_135m",
-        "gpt2",
-        "gpt2_medium",
-        "gpt2_large",
-        "gpt2_xl",
-        "llama2_7b_chat",
-        "llama2_13b_chat",
-    ],
-    "task": ["imdb", "toy", "gsm8k", "arithmetic"],
-    "algorithm": ["ppo", "cory"],
-    "hardware": ["cpu", "gpu", "multi_gpu"],
-    "logger": ["jsonl", "wandb"],
+    group: sorted(p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml"))
+    for group in ("model", "task", "algorithm", "hardware", "logger")
 }
 EXPERIMENTS = sorted(p.stem for p in (Path(CONF_DIR) / "experiment").glob("*.yaml"))
 REWARDS = sorted(p.stem for p in (Path(CONF_DIR) / "task" / "reward").glob("*.yaml"))  # nested group of task
@@ -57,11 +46,8 @@ TUNINGS = sorted(p.stem for p in (Path(CONF_DIR) / "tuning").glob("*.yaml"))
 OPTIONS = [(g, o) for g, opts in GROUPS.items() for o in opts]
 
 
-def test_the_lists_above_cover_every_file():
-    """A config file added later without a test here fails this test, not silently nothing."""
-    for group, options in GROUPS.items():
-        files = {p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml")} - {"maft"}  # tests/test_maft_runner.py
-        assert sorted(options) == sorted(files), group
+def test_every_group_has_options():
+    assert all(GROUPS.values()) and {"ppo", "cory", "maft"} <= set(GROUPS["algorithm"])
 
 
 def _fields(node: DictConfig) -> set[str]:

@@ -78,9 +78,9 @@ def test_a_killed_and_resumed_run_carries_its_whole_history(tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
     resume(run_dir, WANDB_MODE="offline")
-    first, resumed = records(run_dir, newest=False), records(run_dir)
-    run_ids = {r["run"]["run_id"] for recs in (first, resumed) for r in recs if r["type"] == "run"}
-    assert len(run_ids) == 1  # the same W&B run, continued
+    folders = sorted((run_dir / "wandb").glob("offline-run-*"))
+    assert len(folders) == 2 and len({f.name.rsplit("-", 1)[1] for f in folders}) == 1  # one W&B run, continued
+    resumed = records(run_dir)
     steps = [r["_step"] for r in history(resumed)]
     assert steps == list(range(7)), steps  # iterations 0..6, each once (6: the final evaluation)
     evals = [r["_step"] for r in history(resumed) if "eval/llm1/task_reward" in r]
