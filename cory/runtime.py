@@ -123,7 +123,9 @@ _LOG = logging.getLogger("cory")
 class _Console(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         if getattr(record, "console", True):
-            sys.stdout.write(self.format(record) + "\n")
+            from tqdm import tqdm
+
+            tqdm.write(self.format(record), file=sys.stdout)  # above a live progress bar, which stays whole
             sys.stdout.flush()
 
 

@@ -16,17 +16,14 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import re
 import signal
 import time
 from collections.abc import Iterator
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
-from tqdm.contrib.logging import logging_redirect_tqdm
 
 from cory import distributed, runtime
 from cory.algorithms.base import Algorithm
@@ -108,10 +105,7 @@ class Trainer:
         )
         runtime.say(f"[cory] run folder: {self.run_dir}")
         runtime.say(f"[cory] plan: {self._plan()}")
-        # with a progress bar, console lines are written through tqdm so that the bar stays whole
-        redirect = logging_redirect_tqdm(loggers=[logging.getLogger("cory")]) if self.s.progress else nullcontext()
         try:
-            redirect.__enter__()
             self._run_pending_eval()  # before any update, or the one a signal deferred to this resume
             for k in bar:
                 if self.stop_requested:  # the signal came before this iteration: nothing new to save
@@ -139,7 +133,6 @@ class Trainer:
                     break
         finally:
             bar.close()
-            redirect.__exit__(None, None, None)
             self._restore_signal_handlers(previous)
         summary = self._summary(time.perf_counter() - start_time)
         if distributed.world_size() > 1:  # every process must hold the same weights after data-parallel updates
