@@ -221,3 +221,26 @@ def test_the_cpu_experiment_runs(tmp_path, tmp_path_factory, algorithm):
     passk = evaluate_run(tmp_path / "run", [], n=2, ks=[1, 2], num_problems=2, batch_size=4, seed=0, out=None)
     assert list(passk) == ["base", *summary["agents"]]
     assert (tmp_path / "run" / "evaluation" / "iter_000001" / "passk.png").exists()
+
+
+def test_one_local_file_is_split_into_disjoint_train_and_test_problems(tmp_path):
+    from cory.tasks.problems import gsm8k_problems
+
+    rows = [{"question": f"What is {i} + 1?", "answer": f"{i} + 1 = {i + 1}\n#### {i + 1}"} for i in range(20)]
+    path = tmp_path / "gsm8k.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    train, test = gsm8k_problems("train", str(path)), gsm8k_problems("test", str(path))
+    assert len(test) == 4 and len(train) == 16  # a fixed fifth held out
+    assert not {p.question for p in train} & {p.question for p in test}
+    assert gsm8k_problems("test", str(path)) == test  # the same split every time
+
+
+@pytest.mark.parametrize("content", ["", "{not json", '{"question": "a", "answer": "#### 1"}'])
+def test_an_empty_broken_or_one_row_file_names_the_file(tmp_path, content):
+    from cory.tasks.problems import gsm8k_problems
+
+    path = tmp_path / "gsm8k.jsonl"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=rf"^task\.dataset_name={re.escape(str(path))}: ") as err:
+        gsm8k_problems("train", str(path))
+    assert "\n" not in str(err.value)

@@ -23,6 +23,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from cory.errors import AssetUnavailableError
 from cory.hub import load_dataset_or_fail
 from cory.tasks.answers import parse_ground_truth
 
@@ -39,6 +40,9 @@ class Problem(NamedTuple):
 def gsm8k_problems(split: str, name_or_path: str = "openai/gsm8k", config: str = "main") -> list[Problem]:
     """GSM8K's `split` ("train" | "test") from the Hub id `name_or_path` or a local folder/file.
 
+    One local file holds no splits: a fixed fifth of its rows (a permutation seeded by 0, the same for every run) is
+    the test split and the rest the training split, so the two never share a problem.
+
     Raises:
         cory.hub.AssetUnavailableError: the dataset is neither local nor reachable (one paragraph with the way out).
     """
@@ -52,7 +56,20 @@ def gsm8k_problems(split: str, name_or_path: str = "openai/gsm8k", config: str =
         builder = _LOCAL_FORMATS.get(os.path.splitext(path)[1])
         if builder is None:
             raise ValueError(f"task.dataset_name={name_or_path}: unknown file type (use {sorted(_LOCAL_FORMATS)})")
-        rows = load_dataset_or_fail(builder, key="task.dataset_name", hint=hint, data_files=path, split="train")
+        try:
+            rows = load_dataset_or_fail(builder, key="task.dataset_name", hint=hint, data_files=path, split="train")
+        except AssetUnavailableError:
+            raise
+        except (StopIteration, ValueError, KeyError, OSError) as err:  # datasets' errors on an empty or broken file
+            raise ValueError(f"task.dataset_name={name_or_path}: unreadable ({type(err).__name__}: {err})") from None
+        except Exception as err:  # noqa: BLE001 - e.g. DatasetGenerationError: the file, not the code, is wrong
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ValueError(f"task.dataset_name={name_or_path}: unreadable ({first})") from None
+        if len(rows) < 2:
+            raise ValueError(f"task.dataset_name={name_or_path}: {len(rows)} rows; a train and a test split need 2+")
+        order = np.random.default_rng(0).permutation(len(rows))
+        n_test = max(1, len(rows) // 5)
+        rows = rows.select(sorted(order[:n_test] if split == "test" else order[n_test:]))
     elif os.path.isdir(path):  # a snapshot of the Hub repo (data under main/) or a folder of split files
         data_dir = config if os.path.isdir(os.path.join(path, config)) else None
         rows = load_dataset_or_fail(path, key="task.dataset_name", hint=hint, data_dir=data_dir, split=split)
