@@ -197,7 +197,7 @@ class WandbLogger:
         name: str | None = None,
         mode: str | None = None,
         run_id: str | None = None,
-        init_timeout: float = 90.0,
+        init_timeout: float = 20.0,
         job_type: str = "train",
         step_metric: str = "iteration",
     ) -> None:
