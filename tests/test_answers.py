@@ -131,8 +131,9 @@ def test_gsm8k_from_a_local_file_and_fail_fast_from_the_hub(tmp_path) -> None:
     ]
     path = tmp_path / "gsm8k_test.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows))
-    problems = gsm8k_problems("test", str(path))
-    assert [(p.answer, p.solution) for p in problems] == [("5", "3 + 2 = 5"), ("1000", "1200 - 200 = 1000")]
+    # one file: a fixed fifth (here one row) is the test split, the rest the training split; answers parsed
+    problems = gsm8k_problems("test", str(path)) + gsm8k_problems("train", str(path))
+    assert sorted((p.answer, p.solution) for p in problems) == [("1000", "1200 - 200 = 1000"), ("5", "3 + 2 = 5")]
     with pytest.raises(AssetUnavailableError, match="task.dataset_name"):
         gsm8k_problems("test", "openai/gsm8k")  # the Hub is off in tests: fails within seconds, with the way out
 

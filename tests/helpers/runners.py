@@ -72,7 +72,10 @@ def snapshot(folder: Path) -> dict[str, bytes]:
 
 def env(**extra: str) -> dict[str, str]:
     # one thread: the same kernels as the in-process reference (conftest), and kind to a shared 2-CPU machine
-    return os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"} | extra
+    # without the W&B service address an in-process W&B run of this test process left behind: a subprocess starts its
+    # own service, as a user's run does (a shared one still holds the id of a run this test killed)
+    inherited = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
+    return inherited | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"} | extra
 
 
 def cli(*args: str) -> list[str]:
