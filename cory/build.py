@@ -17,29 +17,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hydra.errors import InstantiationException
-from hydra.utils import get_object, instantiate
+from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
 from cory import distributed, runtime
 from cory.algorithms.base import Algorithm, RunContext
-from cory.errors import USER_ERRORS, ConfigError, one_line
+from cory.config import instantiate_target
 from cory.policy import HANDLE_KEYS, Backbone, LoraSettings
 from cory.settings import HardwareSettings, RunSettings
-
-
-def instantiate_target(node: DictConfig | dict, *args, **kwargs):
-    """`hydra.utils.instantiate`, re-raising our one-line user errors that Hydra wraps in its own exception. A
-    constructor's ValueError is its verdict on an input (too few reviews for the held-out slice, ...): one line
-    naming the target."""
-    try:
-        return instantiate(node, *args, **kwargs)
-    except InstantiationException as err:
-        if isinstance(err.__cause__, USER_ERRORS):
-            raise err.__cause__ from None
-        if isinstance(err.__cause__, ValueError):
-            raise ConfigError(f"{node['_target_']}: {one_line(err.__cause__)}") from None
-        raise
 
 
 def load_model(model_cfg: DictConfig):

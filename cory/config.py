@@ -31,11 +31,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hydra.utils import get_object
+from hydra.errors import InstantiationException
+from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from cory.errors import ConfigError
+from cory.errors import USER_ERRORS, ConfigError, one_line
 from cory.settings import HardwareSettings, RunSettings
 
 # Columns each CSV reader needs, by the target that reads `data_files` (shown in the message with the optional ones).
@@ -74,18 +75,25 @@ def validate(cfg: DictConfig) -> None:
 def _build_algorithm_node(cfg: DictConfig) -> None:
     """Build the algorithm's partial (its learner and settings objects, never a model): their constructors check
     their own ranges, and a failure is one line here, before anything loads."""
-    from hydra.errors import InstantiationException
-    from hydra.utils import instantiate
-
     try:
-        instantiate(cfg.algorithm, _convert_="all")
+        instantiate_target(cfg.algorithm, _convert_="all")
     except InstantiationException as err:
-        cause = err.__cause__
-        if isinstance(cause, ConfigError):
-            raise cause from None
-        if isinstance(cause, (TypeError, ValueError)):
-            first = " ".join(str(cause).split())
-            raise ConfigError(f"algorithm ({cfg.algorithm._target_}): {first}") from None
+        if isinstance(err.__cause__, TypeError):  # a key the constructor does not take
+            raise ConfigError(f"algorithm ({cfg.algorithm._target_}): {one_line(err.__cause__)}") from None
+        raise
+
+
+def instantiate_target(node: DictConfig | dict, *args, **kwargs):
+    """`hydra.utils.instantiate`, re-raising our one-line user errors that Hydra wraps in its own exception. A
+    constructor's ValueError is its verdict on an input (too few reviews for the held-out slice, ...): one line
+    naming the target."""
+    try:
+        return instantiate(node, *args, **kwargs)
+    except InstantiationException as err:
+        if isinstance(err.__cause__, USER_ERRORS):
+            raise err.__cause__ from None
+        if isinstance(err.__cause__, ValueError):
+            raise ConfigError(f"{node['_target_']}: {one_line(err.__cause__)}") from None
         raise
 
 

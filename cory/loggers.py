@@ -114,17 +114,20 @@ class JsonlLogger:
         self.close()
 
 
-def _read_rows(path: Path) -> list[dict]:
-    """The well-formed rows of a metrics file (a torn last line is skipped)."""
+def read_metrics(metrics_jsonl: str | Path) -> list[dict]:
+    """The well-formed rows of a metrics JSONL file (`JsonlLogger`'s): a malformed line (a tail cut by a kill) or a
+    non-object line is skipped."""
     rows = []
-    if path.is_file():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(row, dict) and isinstance(row.get("iteration"), int):
-                rows.append(row)
+    path = Path(metrics_jsonl)
+    if not path.exists():
+        return rows
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("iteration"), (int, float)):
+            rows.append(row)
     return rows
 
 
@@ -201,7 +204,7 @@ class WandbLogger:
         job_type: str = "train",
         step_metric: str = "iteration",
     ) -> None:
-        history = _read_rows(Path(run_dir) / JsonlLogger.METRICS_FILE) if run_id else []  # before appending
+        history = read_metrics(Path(run_dir) / JsonlLogger.METRICS_FILE) if run_id else []  # before appending
         self.jsonl = JsonlLogger(run_dir)
         self.run_dir = self.jsonl.run_dir
         self.mode = resolve_wandb_mode(mode)

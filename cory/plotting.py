@@ -15,32 +15,16 @@ Uses matplotlib's Agg canvas directly (no pyplot state, no display needed).
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from cory.loggers import read_metrics
 from cory.metrics import ROLES, eval_key, role_key, train_key
 
 Series = dict[str, tuple[list[int], list[float]]]
-
-
-def read_metrics(metrics_jsonl: str | Path) -> list[dict]:
-    """The well-formed rows of a metrics JSONL file (malformed or non-object lines are skipped)."""
-    rows = []
-    path = Path(metrics_jsonl)
-    if not path.exists():
-        return rows
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict) and isinstance(row.get("iteration"), (int, float)):
-            rows.append(row)
-    return rows
 
 
 def series(rows: list[dict]) -> Series:

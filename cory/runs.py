@@ -276,11 +276,11 @@ def refuse_unknown_targets(config: Any, source: str, allowed: Iterable[str] = ()
     """Refuse, in one line, a `_target_` that `source` (a run folder's file) names and that neither the installed
     configs nor this command line (`allowed`) name: a run folder never makes cory import or call anything."""
     known = known_targets() | set(allowed)
-    if isinstance(config, DictConfig):
-        config = OmegaConf.to_container(config, resolve=False)
-    pairs = list(_targets(config)) if not isinstance(config, list) else []
     if isinstance(config, list):  # overrides: `key=value` strings
         pairs = [(str(o).split("=", 1)[0].lstrip("+~"), t) for o in config for t in _TARGET_IN_TEXT.findall(str(o))]
+    else:
+        container = OmegaConf.to_container(config, resolve=False) if isinstance(config, DictConfig) else config
+        pairs = list(_targets(container))
     for key, target in pairs:
         if target not in known:
             raise ConfigError(

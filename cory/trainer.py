@@ -37,6 +37,7 @@ from cory.checkpoints import (
     write_checkpoint,
 )
 from cory.errors import CheckpointError, NonFiniteError
+from cory.loggers import JsonlLogger, read_metrics
 from cory.metrics import MEMORY_PEAK_MB, NONFINITE_ITERATIONS, TIME_ITERATION
 from cory.settings import RunSettings
 
@@ -79,6 +80,7 @@ class Trainer:
         self.earlier_wall_s = 0.0  # wall time of the earlier starts, up to the checkpoint this one resumed from
         self._start_time = time.perf_counter()
         self._eval_headline: dict[str, float] = {}
+        self.report_lines: list[str] = []  # the algorithm's report, for the console once the run ends
 
     def _plan(self) -> str:
         s, info = self.s, self.run_info
@@ -93,7 +95,7 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------------ loop
     def fit(self) -> dict:
-        start_time = self._start_time = time.perf_counter()
+        self._start_time = time.perf_counter()
         previous = self._install_signal_handlers()
         bar = tqdm(
             range(self.iteration, self.s.iterations),
@@ -134,7 +136,7 @@ class Trainer:
         finally:
             bar.close()
             self._restore_signal_handlers(previous)
-        summary = self._summary(time.perf_counter() - start_time)
+        summary = self._summary(time.perf_counter() - self._start_time)
         if distributed.world_size() > 1:  # every process must hold the same weights after data-parallel updates
             in_sync = distributed.weights_in_sync([t for _, t in self.algorithm.parameters()])
             summary |= {"world_size": distributed.world_size(), "weights_in_sync": in_sync}
@@ -251,10 +253,6 @@ class Trainer:
             self.logger.log_table("train/samples", samples, step)
             self.samples_lines += len(samples)
 
-    def _rows(self) -> list[dict]:
-        path = self.run_dir / "metrics.jsonl"
-        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
     def _check_weights(self, k: int) -> None:
         """After a step every trainable tensor must be finite; a NaN weight cannot be undone, so the run stops
         here, before a checkpoint could hold it."""
@@ -286,9 +284,8 @@ class Trainer:
             "completed": self.iteration == self.s.iterations and not self.pending_eval,
             "stopped_by": self.stopped_by,
         }
-        self.report_lines: list[str] = []
         if distributed.is_main():
-            report = self.algorithm.report(self._rows(), self.run_dir)
+            report = self.algorithm.report(read_metrics(self.run_dir / JsonlLogger.METRICS_FILE), self.run_dir)
             summary |= report.summary
             self.report_lines = report.lines
         # the whole run's wall time: this start's, plus the earlier starts' up to the checkpoint it resumed from

@@ -29,7 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `python scripts/plot_curves.py` runs from the checkout
 
-from cory.plotting import discover_agents, read_metrics, series  # noqa: E402
+from cory.loggers import read_metrics  # noqa: E402
+from cory.plotting import discover_agents, series  # noqa: E402
 
 PANELS = (("task_reward", "task reward"), ("kl", "KL per sequence (vs π0)"), ("combined_reward", "r − η_eval·KL"))
 # Overrides that say how or where a run ran, not what it learns (hardware never changes the result).

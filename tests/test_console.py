@@ -11,23 +11,14 @@ Run: `pytest tests/test_console.py` (about 20 seconds).
 from __future__ import annotations
 
 import re
-import subprocess
 
 import pytest
-from helpers.runners import REPO, cli, env
+from helpers.runners import run_cli
 
 
 def _run(tmp_path, *args: str) -> tuple[str, str]:
     run_dir = tmp_path / "run"
-    out = subprocess.run(
-        cli("experiment=smoke", "algorithm=cory", f"hydra.run.dir={run_dir}", *args),
-        cwd=REPO,
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
+    out = run_cli("experiment=smoke", "algorithm=cory", f"hydra.run.dir={run_dir}", *args)
     return out.stdout, (run_dir / "train.log").read_text()
 
 

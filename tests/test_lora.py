@@ -23,7 +23,7 @@ import pytest
 import torch
 from helpers.compose import compose_cfg
 from helpers.from_config import algorithm_from
-from helpers.runners import assert_same_rows, cli, env, read_rows, wait_for_train_row
+from helpers.runners import assert_same_rows, cli, env, read_rows, run_cli, wait_for_train_row
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
@@ -232,15 +232,7 @@ def test_a_killed_lora_run_resumes_exactly(tmp_path):
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
-    out = subprocess.run(
-        cli(f"resume={run_dir}"),
-        cwd=REPO,
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
+    run_cli(f"resume={run_dir}")
     assert_same_rows(read_rows(run_dir), read_rows(tmp_path / "reference"))
 
 

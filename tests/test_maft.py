@@ -30,7 +30,7 @@ import pytest
 import torch
 from helpers.compose import compose_cfg
 from helpers.maft_fakes import Problems, fake_context, maft_cfg, scripted_agent_models
-from helpers.runners import REPO, assert_same_rows, env
+from helpers.runners import REPO, assert_same_rows, env, run_main_output
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
@@ -59,19 +59,6 @@ def kinds(logged: list[dict]) -> list[tuple[int, str]]:
     return [(r["iteration"], "eval" if "maft/eval/accuracy" in r else "train") for r in logged]
 
 
-def main(monkeypatch, capsys, *argv: str) -> tuple[int, str, str]:
-    """`python -m cory.train <argv>` in-process: (exit code, stdout, stderr)."""
-    monkeypatch.setenv("HYDRA_FULL_ERROR", "0")
-    monkeypatch.setattr(sys, "argv", ["cory.train", *argv])
-    try:
-        cory.train.main()
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code or 0
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
 def weights(folder: Path) -> dict[str, dict[str, torch.Tensor]]:
     return {p.stem: load_file(p) for p in sorted(folder.glob("*.safetensors"))}
 
@@ -85,7 +72,7 @@ def same_weights(a: dict, b: dict) -> bool:
 # ------------------------------------------------------------------------------------------------ the entry point
 def test_the_entrypoint_runs_maft_smoke_and_a_finished_run_is_not_redone(tmp_path, monkeypatch, capsys):
     run_dir = tmp_path / "run"
-    code, out, err = main(monkeypatch, capsys, *SMOKE, f"hydra.run.dir={run_dir}")
+    code, out, err = run_main_output(monkeypatch, capsys, *SMOKE, f"hydra.run.dir={run_dir}")
     assert code == 0, err[-3000:]
     for name in ("metrics.jsonl", "samples.jsonl", "summary.json", "curves.png", "starts.jsonl", "run_config.yaml"):
         assert (run_dir / name).is_file(), name
@@ -127,7 +114,7 @@ def test_the_entrypoint_runs_maft_smoke_and_a_finished_run_is_not_redone(tmp_pat
 
     # resume= of the finished run: said, and nothing is computed or written again
     before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (run_dir / "summary.json", run_dir / "metrics.jsonl")}
-    code, out, err = main(monkeypatch, capsys, f"resume={run_dir}")
+    code, out, err = run_main_output(monkeypatch, capsys, f"resume={run_dir}")
     assert code == 0, err[-3000:]
     assert "already completed its 1 iterations; nothing to do" in out and "[maft]" not in out
     assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in before} == before
@@ -143,7 +130,7 @@ def test_the_entrypoint_runs_maft_smoke_and_a_finished_run_is_not_redone(tmp_pat
 )
 def test_bad_maft_settings_are_one_line_and_leave_no_run_folder(tmp_path, monkeypatch, capsys, override, message):
     run_dir = tmp_path / "run"
-    code, _, err = main(monkeypatch, capsys, *SMOKE, override, f"hydra.run.dir={run_dir}")
+    code, _, err = run_main_output(monkeypatch, capsys, *SMOKE, override, f"hydra.run.dir={run_dir}")
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert code == 2 and len(errors) == 1 and "Traceback" not in err, err[-3000:]
     assert errors[0].startswith(message)

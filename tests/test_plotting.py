@@ -17,7 +17,8 @@ from matplotlib.collections import PathCollection, PolyCollection
 from matplotlib.colors import to_rgb
 
 from cory import frontier
-from cory.plotting import discover_agents, plot_curves, read_metrics, series
+from cory.loggers import read_metrics
+from cory.plotting import discover_agents, plot_curves, series
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

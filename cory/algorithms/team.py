@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from cory import distributed, runtime
-from cory.algorithms.base import EvalOutput, Report, RunContext
+from cory.algorithms.base import EvalOutput, Report, RunContext, named_parameters
 from cory.checkpoints import check_files, damaged, refuse_nonfinite
 from cory.errors import CheckpointError, ConfigError
 from cory.ppo.evaluation import eval_lengths, evaluate
@@ -141,9 +141,7 @@ class AgentTeam:
 
     # ------------------------------------------------------------------------------------------ checkpoints
     def parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
-        for agent_id, agent in self.agents.items():
-            for i, p in enumerate(agent.trainable_parameters()):
-                yield f"{agent_id}/{i}", p
+        return named_parameters({agent_id: agent.trainable_parameters() for agent_id, agent in self.agents.items()})
 
     def save(self, directory: Path, state: dict) -> None:
         """Each agent's folder, and `team.json`: the schedule's reseed point plus the algorithm's own `state`."""

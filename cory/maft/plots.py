@@ -14,7 +14,8 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from cory.plotting import read_metrics, series
+from cory.loggers import read_metrics
+from cory.plotting import series
 
 _ACCURACIES = {
     "accuracy": "debate (final-round vote)",

@@ -55,6 +55,12 @@ def resume_run(run_dir: Path, *overrides: str) -> dict:
 
 def run_main(monkeypatch, capsys, *argv: str) -> tuple[int, str]:
     """`python -m cory.train <argv>` in-process: (exit code, stderr)."""
+    code, _, err = run_main_output(monkeypatch, capsys, *argv)
+    return code, err
+
+
+def run_main_output(monkeypatch, capsys, *argv: str) -> tuple[int, str, str]:
+    """`python -m cory.train <argv>` in-process: (exit code, stdout, stderr)."""
     monkeypatch.setenv("HYDRA_FULL_ERROR", "0")  # restored after the test (cory.cli sets it)
     monkeypatch.setattr(sys, "argv", ["cory.train", *argv])
     try:
@@ -62,7 +68,8 @@ def run_main(monkeypatch, capsys, *argv: str) -> tuple[int, str]:
         code = 0
     except SystemExit as exit_:
         code = exit_.code or 0
-    return code, capsys.readouterr().err
+    out = capsys.readouterr()
+    return code, out.out, out.err
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
@@ -110,13 +117,16 @@ def wait_for_train_row(run_dir: Path, proc: subprocess.Popen, iteration: int, ti
     raise AssertionError(f"no training row for iteration {iteration} within {timeout} s")
 
 
-def resume(run_dir: Path, **extra_env: str) -> subprocess.CompletedProcess:
-    """`python -m cory.train resume=<run_dir>` as a subprocess; it must succeed."""
-    out = subprocess.run(
-        cli(f"resume={run_dir}"), cwd=REPO, env=env(**extra_env), capture_output=True, text=True, timeout=120
-    )
+def run_cli(*args: str, timeout: float = 300, **extra_env: str) -> subprocess.CompletedProcess:
+    """`python -m cory.train <args>` as a subprocess from the repository; it must succeed."""
+    out = subprocess.run(cli(*args), cwd=REPO, env=env(**extra_env), capture_output=True, text=True, timeout=timeout)
     assert out.returncode == 0, out.stderr[-3000:]
     return out
+
+
+def resume(run_dir: Path, **extra_env: str) -> subprocess.CompletedProcess:
+    """`python -m cory.train resume=<run_dir>` as a subprocess; it must succeed."""
+    return run_cli(f"resume={run_dir}", timeout=120, **extra_env)
 
 
 def one_error_line(out: subprocess.CompletedProcess) -> str:
