@@ -1,6 +1,7 @@
 """Run a sweep resumably on one machine: each job in its own fixed folder, finished jobs skipped, stopped ones resumed.
 
     python scripts/run_sweep.py --dir outputs/reproduction/runs/curves [--jobs 2] [--threads 1] \\
+        [--results outputs/reproduction/results] \\
         experiment=cpu_imdb sweep=cpu_imdb_curves [more overrides, sweeps such as seed=0,1 included]
 
 The jobs are exactly those of `python -m cory.train -m <the same overrides>`: the sweep file's
@@ -13,6 +14,9 @@ The jobs are exactly those of `python -m cory.train -m <the same overrides>`: th
 So a sweep killed at any point (Ctrl-C, `kill`, a reboot) continues where its checkpoints stand. Ctrl-C or SIGTERM
 to this driver is passed once to every running job, which finishes its iteration, checkpoints and exits; if the
 driver itself is killed with SIGKILL, its jobs get SIGTERM (Linux). Each job's output goes to `<DIR>/logs/`.
+With `--results RESULTS`, each finished job's small files (`RESULT_FILES`: metrics, summary, config, overrides; no
+checkpoint or weight) are copied to `RESULTS/<the job's folder name>/` as soon as it finishes, so that they can be
+committed run by run while the run folders (gigabytes of checkpoints) stay out of git.
 At the end the sweep is summarised like a `-m` multirun (`cory.callbacks.summarise_sweep`): `frontier.{png,csv,
 json}` in DIR and, with `logger=wandb`, the W&B summary run of the sweep's group.
 """
@@ -34,6 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `python scripts/run_sweep.py` runs from the checkout
 
 LOCK = ".run_sweep.pid"
+# what `--results` keeps of a finished run: enough to redraw its curves and recompute every statistic
+RESULT_FILES = ("summary.json", "metrics.jsonl", "run_config.yaml", ".hydra/overrides.yaml")
 
 
 def compose(overrides: list[str]):
@@ -81,6 +87,14 @@ def state(folder: Path) -> str:
     return "resume" if (folder / "run_config.yaml").is_file() else "fresh"
 
 
+def collect(folder: Path, dest: Path) -> None:
+    """Copy a finished run's `RESULT_FILES` to `dest` (the same relative names; `.hydra/x` becomes `x`)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in RESULT_FILES:
+        if (folder / name).is_file():
+            shutil.copyfile(folder / name, dest / Path(name).name)
+
+
 def command(job: list[str], folder: Path, how: str, alias: Path) -> list[str]:
     """The job's `python -m cory.train` command line: a fresh start into `folder`, or its resume.
 
@@ -125,8 +139,8 @@ def _die_with_parent() -> None:
 class Driver:
     """Runs the jobs `jobs` at a time; one signal to the driver is passed once to every running job."""
 
-    def __init__(self, jobs: int, threads: int, log_dir: Path) -> None:
-        self.slots, self.log_dir = jobs, log_dir
+    def __init__(self, jobs: int, threads: int, log_dir: Path, on_done=None) -> None:
+        self.slots, self.log_dir, self.on_done = jobs, log_dir, on_done
         self.env = os.environ | {
             "OMP_NUM_THREADS": str(threads),
             "MKL_NUM_THREADS": str(threads),
@@ -165,6 +179,8 @@ class Driver:
                 name, folder, t0 = self.running.pop(proc)
                 outcome = "failed" if proc.returncode else {"done": "finished"}.get(state(folder), "stopped")
                 print(f"[sweep] {outcome} after {time.time() - t0:.0f} s (exit {proc.returncode}): {name}", flush=True)
+                if outcome == "finished" and self.on_done is not None:
+                    self.on_done(name, folder)
 
 
 def _alive(lock: Path) -> bool:
@@ -181,6 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dir", type=Path, required=True, help="the sweep folder (fixed, so a rerun resumes)")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2)")
     parser.add_argument("--threads", type=int, default=1, help="torch/OpenMP threads per run (default 1)")
+    parser.add_argument("--results", type=Path, help="copy each finished run's small files here (to commit)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, sweeps included")
     args = parser.parse_args(argv)
 
@@ -199,6 +216,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             name, how = str(folder.relative_to(root)), state(folder)
             if how == "done":
                 print(f"[sweep] skip (finished): {name}")
+                if args.results is not None:
+                    collect(folder, args.results / name)
                 continue
             if how == "fresh" and folder.exists():  # stopped before writing its config: only Hydra's files are there
                 if (folder / "checkpoints").exists() or (folder / "metrics.jsonl").exists():
@@ -209,7 +228,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"[sweep] {len(jobs)} jobs, {len(todo)} to run ({args.jobs} at a time) in {root}", flush=True)
         if args.jobs > 1 and len(todo) > 1:
             warm_caches(jobs[0])
-        driver = Driver(args.jobs, args.threads, root / "logs")
+        on_done = None if args.results is None else (lambda name, folder: collect(folder, args.results / name))
+        driver = Driver(args.jobs, args.threads, root / "logs", on_done)
         previous = {s: signal.signal(s, driver.stop) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             driver.run(todo)
