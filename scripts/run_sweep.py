@@ -116,14 +116,17 @@ def warm_caches(job: list[str]) -> None:
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
+    from cory.build import load_model
+
     cfg = compose([o for o in job if not o.startswith("hydra.")])
-    for key in ("model", "task.reward"):
+    # the model through the entry point's own loader (the node also holds keys for the agents, not the loader)
+    for key, build in (("model", load_model), ("task.reward", instantiate)):
         node = OmegaConf.select(cfg, key)
         if node is not None and "cache_dir" in node:
             try:
-                instantiate(node)
+                build(node)
             except Exception as exc:  # noqa: BLE001
-                print(f"[sweep] could not prepare {key} ({type(exc).__name__}); the jobs will say why", flush=True)
+                print(f"[sweep] could not prepare {key} ({exc}); the jobs will say why", flush=True)
 
 
 def _die_with_parent() -> None:

@@ -45,7 +45,9 @@ def test_jobs_are_hydras_expansion_and_folders_read_like_the_table(tmp_path):
 @pytest.mark.slow
 def test_a_stopped_sweep_resumes_and_a_finished_one_is_skipped(tmp_path):
     out = tmp_path / "sweep"
+    results = tmp_path / "results"
     cmd = [sys.executable, str(REPO / "scripts" / "run_sweep.py"), "--dir", str(out), "--jobs", "1",
+           "--results", str(results),
            "experiment=smoke", "iterations=40", "save_every=2", "eval_every=0", "seed=3"]  # fmt: skip
     run = out / "run" / "seed=3"
     driver = subprocess.Popen(cmd, cwd=REPO, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -55,6 +57,7 @@ def test_a_stopped_sweep_resumes_and_a_finished_one_is_skipped(tmp_path):
     driver.send_signal(signal.SIGTERM)  # like `kill <driver>`: the job checkpoints and stops
     first = driver.communicate(timeout=300)[0].decode()
     assert driver.returncode == 1 and "stopped" in first and "run the same command again" in first, first
+    assert not (results / "run" / "seed=3").exists()  # only finished runs are collected
     stopped_at = json.loads((run / "summary.json").read_text())
     assert stopped_at["completed"] is False and 0 < stopped_at["iterations"] < 40
 
@@ -66,9 +69,29 @@ def test_a_stopped_sweep_resumes_and_a_finished_one_is_skipped(tmp_path):
     assert [r["iteration"] for r in rows if "train/llm1/kl" in r] == list(range(40))  # each iteration once
     assert json.loads((run / "summary.json").read_text())["completed"] is True
     assert (out / "frontier.csv").is_file()  # summarised like a multirun
+    # --results: the finished run's small files, byte for byte, and nothing else (no checkpoint, no weights)
+    kept = results / "run" / "seed=3"
+    assert sorted(p.name for p in kept.iterdir()) == sorted(Path(n).name for n in run_sweep.RESULT_FILES)
+    assert (kept / "metrics.jsonl").read_bytes() == (run / "metrics.jsonl").read_bytes()
+    assert (kept / "overrides.yaml").read_bytes() == (run / ".hydra" / "overrides.yaml").read_bytes()
 
     third = subprocess.run(cmd, cwd=REPO, env=_env(tmp_path), capture_output=True, text=True, timeout=600)
     assert third.returncode == 0 and "skip (finished): run/seed=3" in third.stdout and "start" not in third.stdout
+
+
+def test_caches_are_warmed_through_the_entry_points_loaders(monkeypatch):
+    """The model node holds keys for the agents (`add_special_tokens`, `lora`) that the loader does not take: the
+    driver prepares it through `cory.build.load_model`, as a run does, not by instantiating the node whole."""
+    import hydra.utils
+
+    import cory.build
+
+    seen = {}
+    monkeypatch.setattr(cory.build, "load_model", lambda node: seen.setdefault("model", node))
+    monkeypatch.setattr(hydra.utils, "instantiate", lambda node: seen.setdefault("reward", node))
+    run_sweep.warm_caches(["experiment=quickstart"])  # SmolLM2 and the TF-IDF reward both cache
+    assert "add_special_tokens" in seen["model"] and seen["model"]._target_.endswith("load_smollm2_135m")
+    assert seen["reward"]._target_ == "cory.tasks.rewards.TfidfSentimentReward"
 
 
 def test_a_second_driver_on_the_same_sweep_is_refused(tmp_path, capsys):
