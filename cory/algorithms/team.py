@@ -30,12 +30,20 @@ TEAM_STATE = "team.json"
 
 
 class QuerySchedule:
-    """Iteration k's training queries and `max_new_tokens`, from (seed, k) alone: a resumed run draws the same."""
+    """Iteration k's training queries and `max_new_tokens`, from (seed, k) alone: a resumed run draws the same.
 
-    def __init__(self, queries: list[str], batch_size: int, seed: int, max_new_tokens: tuple[int, int]) -> None:
-        if len(queries) < batch_size * distributed.world_size():
+    With `group_size` G > 1 (a critic-free learner's G samples per prompt, docs/method.md §9) a batch holds
+    `batch_size / G` distinct queries, each repeated G times contiguously: `batch_size` stays the number of samples.
+    """
+
+    def __init__(
+        self, queries: list[str], batch_size: int, seed: int, max_new_tokens: tuple[int, int], group_size: int = 1
+    ) -> None:
+        distinct = batch_size // group_size
+        if len(queries) < distinct * distributed.world_size():
             raise ConfigError(f"batch_size={batch_size}: the task has only {len(queries)} training queries")
-        self.queries, self.batch_size, self.seed, self.span = queries, batch_size, seed, max_new_tokens
+        self.queries, self.batch_size, self.seed, self.span = queries, distinct, seed, max_new_tokens
+        self.group_size = group_size
         self.reseed_at = 0  # iteration of the last RNG reseed (the official swap); length draws restart from it
 
     def batch(self, k: int) -> list[str]:
@@ -45,7 +53,7 @@ class QuerySchedule:
         epoch, j = divmod(k, per_epoch)
         order = np.random.default_rng([self.seed, epoch]).permutation(n)
         start = (j * W + distributed.rank()) * B
-        return [self.queries[i] for i in order[start : start + B]]
+        return [self.queries[i] for i in order[start : start + B] for _ in range(self.group_size)]
 
     def max_new_tokens(self, k: int) -> int:
         """One draw from U{lo..hi} per iteration, shared by every generation of the iteration (§3.1)."""
@@ -93,7 +101,11 @@ class AgentTeam:
                 forward_batch_size=hw.forward_batch_size,
                 add_special_tokens=backbone.add_special_tokens,
             )
-        self.schedule = QuerySchedule(self.task.train_queries(), s.batch_size, s.seed, self.task.max_new_tokens)
+        # a learner that compares G samples of one prompt says so by its `group_size` (default 1: one sample each)
+        group_size = getattr(learner, "group_size", 1)
+        self.schedule = QuerySchedule(
+            self.task.train_queries(), s.batch_size, s.seed, self.task.max_new_tokens, group_size
+        )
         # the periodic evaluations use a prefix of the first and final ones' queries, with the same length draws
         self.final_queries = self.task.eval_queries()[: s.num_eval_final]
         if not self.final_queries:

@@ -125,6 +125,10 @@ class Agent:
         add_special_tokens: tokenise prompts with the tokenizer's special tokens (the model's choice: Llama's BOS).
     """
 
+    # Whether the update trains this agent's value head (PPO's value loss, §2.6). Learners without one of their own
+    # (critic-free, or values from a centralised critic) set it false: no value term, the head is not stepped.
+    trains_value = True
+
     def __init__(
         self,
         name: str,
@@ -162,6 +166,7 @@ class Agent:
         self.autocast_dtype = autocast_dtype
         self.forward_batch_size = forward_batch_size
         self.steps_since_load = 0
+        self.advantage_stats: dict[str, float] = {}  # what `advantages` reports of the last update (none for GAE)
         self.policy.eval()  # dropout off in every PPO forward, as TRL (§2.1)
 
     # ------------------------------------------------------------------------------------------------ acting
@@ -274,9 +279,9 @@ class Agent:
         # 2. KL-shaped token rewards with the β from before this update (Eq. 2 / Eq. 8, §1.4)
         kl_coef = self.kl_ctl.value
         rewards, non_score = ppo_core.penalized_rewards(scores, rollout.kls, kl_coef, mask)
-        # 3. GAE and whitened advantages (§2.5)
+        # 3. advantages and returns: GAE, whitened (§2.5); a critic-free learner overrides `advantages`
         values = rollout.values * mask
-        advantages, returns = ppo_core.gae(rewards, values, mask, cfg.gamma, cfg.lam, cfg.whiten_rewards)
+        advantages, returns = self.advantages(rewards, values, mask)
         # 4. PPO epochs over shuffled minibatches, one optimiser step per backward batch (§2.6, §2.7)
         backward_batch = cfg.mini_batch_size * cfg.gradient_accumulation_steps
         stats: list[dict[str, float]] = []
@@ -303,15 +308,26 @@ class Agent:
             entropy=ppo_core.masked_mean(rollout.entropy, mask).item(),
             sampled_entropy=(-rollout.logprobs * mask).sum(-1).mean().item(),
             mean_non_score_reward=ppo_core.masked_mean(non_score, mask).item(),
-            explained_variance=ppo_core.explained_variance(values, returns, mask).item(),
             ratio_threshold_hits=float(sum(s["ratio_threshold_hit"] for s in stats)),
             nonfinite_steps=float(nonfinite_steps),
             nonfinite_skipped=0.0,
         )
+        if self.trains_value:
+            out["explained_variance"] = ppo_core.explained_variance(values, returns, mask).item()
+        out |= self.advantage_stats
         out["scaled_score"] = scores.mean().item()  # R̃: what entered the last token's reward (= R unscaled)
         out["early_stopped"] = float(early_stop)
         out.pop("ratio_threshold_hit")
         return out
+
+    def advantages(
+        self, rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Advantages and returns [B, T] from KL-shaped token rewards and V_old (all [B, T]): GAE, then whitening
+        (§2.5). The seam of the learners that estimate advantages another way (`cory/ppo/critic_free.py`) or
+        take their values from outside (`cory/ppo/central_critic.py`)."""
+        cfg = self.config
+        return ppo_core.gae(rewards, values, mask, cfg.gamma, cfg.lam, cfg.whiten_rewards)
 
     def _train_minibatch(
         self,
@@ -332,20 +348,26 @@ class Agent:
         pg_loss, pg_clipfrac, mean_ratio = ppo_core.policy_loss(
             logprobs, old_logprobs, advantages[idx].to(self.device), mask, cfg.cliprange
         )
-        vf_loss, vf_clipfrac = ppo_core.value_loss(
-            vpreds, values[idx].to(self.device), returns[idx].to(self.device), mask, cfg.cliprange_value
-        )
-        loss = pg_loss + cfg.vf_coef * vf_loss
+        if self.trains_value:
+            vf_loss, vf_clipfrac = ppo_core.value_loss(
+                vpreds, values[idx].to(self.device), returns[idx].to(self.device), mask, cfg.cliprange_value
+            )
+            loss = pg_loss + cfg.vf_coef * vf_loss
+        else:  # no value term: the value head gets no gradient (and is not among the trainable parameters)
+            loss = pg_loss
         hit = mean_ratio.item() > cfg.ratio_threshold
         if not (hit and cfg.ratio_threshold_skip):
             # TRL multiplies the loss by 0 on a hit and still steps Adam, whose momentum moves the weights (§2.6)
             ((loss * 0.0 if hit else loss) / cfg.gradient_accumulation_steps).backward()
         with torch.no_grad():
-            return {
+            value_stats = (
+                {"value_loss": 0.0 if hit else vf_loss.item(), "value_clipfrac": vf_clipfrac.item()}
+                if self.trains_value
+                else {}
+            )
+            return value_stats | {
                 "policy_loss": 0.0 if hit else pg_loss.item(),  # TRL logs the zeroed losses on a hit
-                "value_loss": 0.0 if hit else vf_loss.item(),
                 "clipfrac": pg_clipfrac.item(),
-                "value_clipfrac": vf_clipfrac.item(),
                 "approx_kl": (0.5 * ppo_core.masked_mean((logprobs - old_logprobs) ** 2, mask)).item(),
                 "policykl": ppo_core.masked_mean(old_logprobs - logprobs, mask).item(),
                 "ratio": mean_ratio.item(),

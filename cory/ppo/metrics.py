@@ -63,7 +63,12 @@ PPO_METRICS: dict[str, str] = {
     ppo_key(
         _A, "ratio_threshold_hits"
     ): "Minibatches whose mean ratio exceeded `ratio_threshold` (loss zeroed, as TRL).",
-    ppo_key(_A, "explained_variance"): "1 − Var(returns − values) / Var(returns) over response tokens.",
+    ppo_key(_A, "explained_variance"): (
+        "1 − Var(returns − values) / Var(returns) over response tokens (learners with a critic: not GRPO, RLOO)."
+    ),
+    ppo_key(_A, "zero_spread_groups"): (
+        "GRPO and RLOO: fraction of prompt groups whose G KL-shaped returns are all equal (advantage 0: no signal)."
+    ),
     ppo_key(_A, "mean_non_score_reward"): "Masked token mean of −β·kl_t (TRL's `ppo/mean_non_score_reward`).",
     ppo_key(_A, "early_stopped"): (
         "1 when the early-stopping test (policy_kl > 1.5·target_kl, checked after each epoch as TRL does) fired "
@@ -137,6 +142,7 @@ def agent_metrics(
         "ratio": "ratio",
         "ratio_threshold_hits": "ratio_threshold_hits",
         "explained_variance": "explained_variance",
+        "zero_spread_groups": "zero_spread_groups",
         "mean_non_score_reward": "mean_non_score_reward",
         "early_stopped": "early_stopped",
         "nonfinite_skipped": "nonfinite_skipped",
