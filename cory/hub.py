@@ -6,8 +6,10 @@ failing with a message that does not say what to do. Every Hub lookup in `cory` 
 1. an existing local folder (or, for datasets, local files) is passed straight to the loader; a folder that
    does not load (truncated weights, a broken config) is one `AssetUnavailableError` naming it;
 2. a Hub name already in the local HF cache is loaded with `local_files_only=True` (no network at all);
-3. otherwise, when offline mode is set or huggingface.co:443 does not answer within 3 s, `AssetUnavailableError`
-   is raised at once, with one paragraph naming the asset, what was tried and how to fix it.
+3. otherwise, when offline mode is set or the Hub endpoint (`HF_ENDPOINT`, else huggingface.co) does not answer
+   one HTTP request within 5 s, `AssetUnavailableError` is raised at once, with one paragraph naming the asset,
+   what was tried and how to fix it. The probe is a whole request, so an endpoint that accepts connections but
+   never answers (a stalled proxy, a firewall that drops TLS) fails in seconds too, never minutes of retries.
 
 Errors raised by the loader itself for a Hub name (OSError, ConnectionError, ValueError) are re-raised as
 `AssetUnavailableError` with the same paragraph, chained with `from`.
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import os
-import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -44,14 +45,26 @@ def offline_mode() -> str | None:
     return None
 
 
+def _endpoint() -> str:
+    """`host:port` of the Hub endpoint (`HF_ENDPOINT`, else huggingface.co), as it is contacted."""
+    url = urlparse(constants.ENDPOINT)
+    return f"{url.hostname or 'huggingface.co'}:{url.port or (80 if url.scheme == 'http' else 443)}"
+
+
 @functools.cache
-def hub_reachable(timeout_s: float = 3.0) -> bool:
-    """Whether a TCP connection to the Hub endpoint (port 443) opens within `timeout_s`; probed once per process."""
-    host = urlparse(constants.ENDPOINT).hostname or "huggingface.co"
+def hub_reachable(timeout_s: float = 5.0) -> bool:
+    """Whether the Hub endpoint answers one HTTP request within `timeout_s` per phase; probed once per process.
+
+    A whole request, not a TCP connection: an endpoint (or a proxy) that accepts connections but never completes
+    the TLS handshake or never answers would otherwise let the loaders' own retries run for minutes. Any HTTP
+    answer, an error status included, counts as reachable.
+    """
+    import httpx
+
     try:
-        with socket.create_connection((host, 443), timeout=timeout_s):
-            return True
-    except OSError:  # DNS failure (instant here), refused connection or timeout
+        httpx.head(constants.ENDPOINT, timeout=timeout_s)
+        return True
+    except (httpx.HTTPError, OSError, ValueError):  # DNS, refused, timeouts (connect, TLS, read), a malformed URL
         return False
 
 
@@ -93,9 +106,13 @@ def _unavailable_reason() -> str | None:
     if var := offline_mode():
         return f"there is no local folder of that name, {cache}, and the Hub was not tried because {var} is set"
     if not hub_reachable():
-        host = urlparse(constants.ENDPOINT).hostname
-        return f"there is no local folder of that name, {cache}, and the Hub ({host}:443) is unreachable"
+        return f"there is no local folder of that name, {cache}, and {_no_answer()}"
     return None
+
+
+def _no_answer() -> str:
+    set_by = " (set by HF_ENDPOINT)" if os.environ.get("HF_ENDPOINT") else ""
+    return f"the Hub at {_endpoint()}{set_by} is unreachable (no answer within 5 s; set HF_HUB_OFFLINE=1 to skip it)"
 
 
 def from_pretrained_or_fail(loader: Callable[..., T], name_or_path: str, *, what: str, key: str, **kwargs: Any) -> T:
@@ -173,7 +190,7 @@ def load_dataset_or_fail(name: str, *args: Any, key: str, hint: str = "", **kwar
                 "dataset",
                 name,
                 key,
-                f"there are no local files of that name and the Hub is unreachable (to use a copy already in "
+                f"there are no local files of that name and {_no_answer()} (to use a copy already in "
                 f"{datasets_cache}, set HF_DATASETS_OFFLINE=1)",
                 hint,
             )

@@ -1,16 +1,20 @@
 """Fail-fast Hub loading (`cory.hub`): unreachable Hub names raise `AssetUnavailableError` within seconds.
 
-Covers offline mode (env variables), an unreachable Hub without offline mode (probe patched to fail), local
-folders passing straight through, missing local paths, and the one-paragraph message naming the asset and the fix.
+Covers offline mode (env variables), an unreachable Hub without offline mode (probe patched to fail, and a real
+endpoint that accepts connections but never answers), local folders passing straight through, missing local paths,
+and the one-paragraph message naming the asset and the fix.
 Run: `pytest -q tests/test_hub.py`.
 """
 
 from __future__ import annotations
 
+import socket
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
+from helpers.runners import REPO, cli, env, one_error_line
 from transformers import AutoTokenizer
 
 from cory import hub
@@ -92,3 +96,28 @@ def test_local_dataset_files_go_straight_through(tmp_path: Path) -> None:
     path.write_text("text,label\ngood,1\nbad,0\n")
     rows = load_dataset_or_fail("csv", key="task.data_files", data_files=str(path), split="train")
     assert rows["label"] == [1, 0]
+
+
+def test_an_endpoint_that_accepts_but_never_answers_fails_in_seconds_in_one_line(tmp_path: Path) -> None:
+    """An endpoint (or proxy) that accepts TCP but never answers TLS or HTTP: `model=gpt2` without the offline
+    variables waited for minutes on the loaders' retries; it fails in one line within seconds, naming the endpoint
+    it tried (with its port) and how to use a local copy, and leaves no run folder."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)  # the kernel completes each connection; nothing ever reads or answers
+    port = server.getsockname()[1]
+    online = {k: v for k, v in env().items() if k not in OFFLINE}
+    online |= {"HF_ENDPOINT": f"http://127.0.0.1:{port}", "HF_HOME": str(tmp_path / "hf")}
+    run_dir = tmp_path / "run"
+    args = ["experiment=smoke", "model=gpt2", "progress=false", f"hydra.run.dir={run_dir}"]
+    start = time.monotonic()
+    try:
+        out = subprocess.run(cli(*args), cwd=REPO, env=online, capture_output=True, text=True, timeout=150)
+    finally:
+        server.close()
+    elapsed = time.monotonic() - start
+    line = one_error_line(out)
+    assert elapsed < 60, elapsed  # the probe waits 5 s at most per phase; the rest is the interpreter's start
+    assert f"the Hub at 127.0.0.1:{port} (set by HF_ENDPOINT) is unreachable" in line
+    assert "'gpt2'" in line and "model.name_or_path=/path/to/local/folder" in line
+    assert not run_dir.exists()
