@@ -93,3 +93,15 @@ def test_the_report_writes_its_files_and_refuses_an_empty_folder(tmp_path, capsy
     assert (tmp_path / "out" / "claim.png").stat().st_size > 0 and "Arm B" in (
         tmp_path / "out" / "claim.md"
     ).read_text()
+
+
+def test_reward_spread_plays_the_runs_first_batches_without_learning(tmp_path):
+    """`scripts/reward_spread.py` on the tiny model: one batch of the run's schedule, both roles scored, no update."""
+    spec = importlib.util.spec_from_file_location("reward_spread", REPO / "scripts" / "reward_spread.py")
+    reward_spread = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reward_spread)
+    out = tmp_path / "spread.json"
+    assert reward_spread.main(["--batches", "2", "--out", str(out), "experiment=smoke", "algorithm=cory"]) == 0
+    result = json.loads(out.read_text())
+    assert result["episodes"] == 2 * 16  # experiment=smoke's batch, two iterations
+    assert result["ratio"] == pytest.approx(result["std_r1_plus_r2"] / result["std_r1"])
