@@ -126,6 +126,18 @@ def test_the_entrypoint_runs_maft_smoke_and_a_finished_run_is_not_redone(tmp_pat
         ("algorithm.critic_mix_w=0", "error: algorithm.critic_mix_w=0: must lie in (0, 1]"),
         ("algorithm.debate_rounds=0", "error: algorithm.debate_rounds=0: must be >= 1"),
         ("+algorithm.finetune_rounds=2", "error: algorithm.finetune_rounds: unknown key for cory.algorithms.maft"),
+        ("algorithm.sft.lr_scheduler=bogus", "error: algorithm.sft.lr_scheduler='bogus': allowed linear, cosine"),
+        (  # Jinja raises at render time (an undefined attribute): refused when the agents are built
+            "algorithm.agent_models.chat_template='{{ messages[0].nope.x }}'",
+            "error: algorithm.agent_models.chat_template: the chat template fails on a user/assistant conversation "
+            "(UndefinedError:",
+        ),
+        (  # renders, but a conversation's start is not a prefix of the whole: SFT could not find the answers
+            "algorithm.agent_models.chat_template="
+            "'{{ messages|length }}{% for m in messages %}{{ m.content }}{% endfor %}'",
+            "error: algorithm.agent_models.chat_template: the chat template fails on a user/assistant conversation "
+            "(ValueError: the chat template does not render the start",
+        ),
     ],
 )
 def test_bad_maft_settings_are_one_line_and_leave_no_run_folder(tmp_path, monkeypatch, capsys, override, message):

@@ -32,7 +32,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from cory import runtime
 from cory.errors import ConfigError
 from cory.maft.debate import Chat
-from cory.maft.sft import SFTSettings, encode, render, train_sft
+from cory.maft.sft import SFTSettings, chat_tokens, encode, render, train_sft
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,18 @@ def set_chat_template(tokenizer: PreTrainedTokenizerBase, chat_template: str | N
             "algorithm.agent_models.chat_template: the model's tokenizer has no chat template; set one (a Jinja "
             "string, used for generation and fine-tuning alike)"
         )
+    # Rendered once now, on a conversation shaped like a critic's (user, assistant, user, assistant): a template
+    # that does not render, or whose prefixes are not token prefixes (SFT could not find the answers), is refused
+    # in one line before any debate, not as a Jinja traceback in the middle of a round.
+    probe = [{"role": role, "content": f"{role} {i}"} for i, role in enumerate(["user", "assistant"] * 2)]
+    try:
+        chat_tokens(tokenizer, probe)
+    except Exception as err:  # noqa: BLE001 - Jinja's errors (syntax, undefined names) and the prefix check
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ConfigError(
+            f"algorithm.agent_models.chat_template: the chat template fails on a user/assistant conversation "
+            f"({type(err).__name__}: {first})"
+        ) from None
 
 
 @torch.no_grad()

@@ -53,6 +53,11 @@ class SFTSettings:
         for key, ok in checks.items():
             if not ok:
                 raise ConfigError(f"algorithm.sft.{key}={getattr(self, key)}: out of range")
+        from transformers.trainer_utils import SchedulerType
+
+        allowed = [kind.value for kind in SchedulerType]
+        if self.lr_scheduler not in allowed:  # else the trainer refuses it mid-round, after a whole debate
+            raise ConfigError(f"algorithm.sft.lr_scheduler={self.lr_scheduler!r}: allowed {', '.join(allowed)}")
 
 
 def render(tokenizer: PreTrainedTokenizerBase, chat: Chat, add_generation_prompt: bool) -> str:
