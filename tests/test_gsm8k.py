@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from helpers.compose import compose_cfg
-from helpers.runners import check_run_folder, read_rows
+from helpers.runners import check_run_folder, read_rows, run_main_output
 from hydra.utils import instantiate
 
 import cory.algorithms.team
@@ -244,3 +244,28 @@ def test_an_empty_broken_or_one_row_file_names_the_file(tmp_path, content):
     with pytest.raises(ValueError, match=rf"^task\.dataset_name={re.escape(str(path))}: ") as err:
         gsm8k_problems("train", str(path))
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "reason"),
+    [
+        ("gsm8k.jsonl", "", "the file is empty (0 bytes)"),  # was `unreadable (StopIteration: )`
+        ("gsm8k.jsonl", "{not json\n", "unreadable (ArrowInvalid: JSON parse error"),  # was datasets' generic error
+        ("gsm8k", None, "unreadable (EmptyDatasetError: The directory at"),  # an empty folder: was Hydra's traceback
+    ],
+)
+def test_a_bad_gsm8k_file_or_folder_is_one_line_naming_it_and_leaves_no_run_folder(
+    tmp_path, monkeypatch, capsys, name, content, reason
+):
+    path = tmp_path / name
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_text(content)
+    run_dir = tmp_path / "run"
+    argv = ["experiment=smoke", "task=gsm8k", "model=tiny_llama", f"task.dataset_name={path}", "progress=false"]
+    code, _, err = run_main_output(monkeypatch, capsys, *argv, f"hydra.run.dir={run_dir}")
+    assert code == 2 and "Traceback" not in err, err[-3000:]
+    lines = err.strip().splitlines()  # nothing else on stderr: no parser log, no progress bar
+    assert len(lines) == 1 and lines[0].startswith("error: ") and f"task.dataset_name={path}: {reason}" in lines[0]
+    assert not run_dir.exists()

@@ -17,6 +17,7 @@ Train and evaluation problems must be disjoint: `split_disjoint` drops evaluatio
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -56,15 +57,9 @@ def gsm8k_problems(split: str, name_or_path: str = "openai/gsm8k", config: str =
         builder = _LOCAL_FORMATS.get(os.path.splitext(path)[1])
         if builder is None:
             raise ValueError(f"task.dataset_name={name_or_path}: unknown file type (use {sorted(_LOCAL_FORMATS)})")
-        try:
-            rows = load_dataset_or_fail(builder, key="task.dataset_name", hint=hint, data_files=path, split="train")
-        except AssetUnavailableError:
-            raise
-        except (StopIteration, ValueError, KeyError, OSError) as err:  # datasets' errors on an empty or broken file
-            raise ValueError(f"task.dataset_name={name_or_path}: unreadable ({type(err).__name__}: {err})") from None
-        except Exception as err:  # noqa: BLE001 - e.g. DatasetGenerationError: the file, not the code, is wrong
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise ValueError(f"task.dataset_name={name_or_path}: unreadable ({first})") from None
+        if os.path.getsize(path) == 0:
+            raise ValueError(f"task.dataset_name={name_or_path}: the file is empty (0 bytes)")
+        rows = _read_local(name_or_path, builder, hint, data_files=path, split="train")
         if len(rows) < 2:
             raise ValueError(f"task.dataset_name={name_or_path}: {len(rows)} rows; a train and a test split need 2+")
         order = np.random.default_rng(0).permutation(len(rows))
@@ -72,7 +67,7 @@ def gsm8k_problems(split: str, name_or_path: str = "openai/gsm8k", config: str =
         rows = rows.select(sorted(order[:n_test] if split == "test" else order[n_test:]))
     elif os.path.isdir(path):  # a snapshot of the Hub repo (data under main/) or a folder of split files
         data_dir = config if os.path.isdir(os.path.join(path, config)) else None
-        rows = load_dataset_or_fail(path, key="task.dataset_name", hint=hint, data_dir=data_dir, split=split)
+        rows = _read_local(name_or_path, path, hint, data_dir=data_dir, split=split)
     else:
         rows = load_dataset_or_fail(name_or_path, config, key="task.dataset_name", hint=hint, split=split)
     missing = {"question", "answer"} - set(rows.column_names)
@@ -82,6 +77,36 @@ def gsm8k_problems(split: str, name_or_path: str = "openai/gsm8k", config: str =
         Problem(q, parse_ground_truth(a), a.rsplit("####", 1)[0].strip())
         for q, a in zip(rows["question"], rows["answer"])
     ]
+
+
+def _read_local(name_or_path: str, builder: str, hint: str, **kwargs):
+    """A local file or folder through `datasets`; whatever it raises on empty, broken or foreign data (StopIteration,
+    EmptyDatasetError, DatasetGenerationError, ...) is one ValueError naming the path and the first cause, and its own
+    logging and progress bars stay quiet (the error says what went wrong)."""
+    import datasets
+
+    logger = datasets.utils.logging.get_logger("datasets")
+    level, bars = logger.level, datasets.utils.logging.is_progress_bar_enabled()
+    logger.setLevel(logging.CRITICAL)
+    datasets.utils.logging.disable_progress_bar()
+    try:
+        return load_dataset_or_fail(builder, key="task.dataset_name", hint=hint, **kwargs)
+    except AssetUnavailableError:
+        raise
+    except Exception as err:  # noqa: BLE001 - the data, not the code, is wrong: name it
+        raise ValueError(f"task.dataset_name={name_or_path}: unreadable ({_first_cause(err)})") from None
+    finally:
+        logger.setLevel(level)
+        if bars:
+            datasets.utils.logging.enable_progress_bar()
+
+
+def _first_cause(err: BaseException) -> str:
+    """The innermost cause's type and first line (`datasets` wraps the parser's error in a generic one)."""
+    while err.__cause__ is not None:
+        err = err.__cause__
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
 
 
 def gsm_symbolic_problems(n: int, seed: int) -> list[Problem]:
