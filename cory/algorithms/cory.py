@@ -24,6 +24,7 @@ from cory.algorithms.team import AgentTeam
 from cory.errors import ConfigError
 from cory.metrics import role_key
 from cory.ppo.metrics import agent_metrics, headline, nonfinite, sample_rows
+from cory.preemption import abandonable
 from cory.tasks.base import SafeScorer, Task
 
 # CORY's by-role views and role exchange (per-agent names: `cory.ppo.metrics.PPO_METRICS`).
@@ -85,24 +86,25 @@ class CORY:
         pioneer, observer = self.team.agents[pio_id], self.team.agents[obs_id]
         queries, max_new_tokens = self.team.batch(iteration)
         gen, batch, t0 = self.task.generation_kwargs, self.team.generation_batch_size, time.perf_counter()
-        # 1. pioneer: a1 ~ π_P(· | x_P)
-        pio = pioneer.act([self.task.pioneer_prompt(q) for q in queries], max_new_tokens, gen, batch)
-        # 2. observer: x_O = T_obs(q, a1) from decoded text, then a2 ~ π_O(· | x_O), same generation settings
-        if self.knowledge_transfer:
-            obs_prompts = [self.task.observer_prompt(q, a1) for q, a1 in zip(queries, pio.responses)]
-        else:  # "CORY w/o KT": the observer sees the query alone (§1.7)
-            obs_prompts = [self.task.pioneer_prompt(q) for q in queries]
-        obs = observer.act(obs_prompts, max_new_tokens, gen, batch)
-        # 3. task rewards on the original query only: r1 = r(q, a1), r2 = r(q, a2)
-        r1, failed1 = self.scorer(queries, pio.responses)
-        r2, failed2 = self.scorer(queries, obs.responses)
+        with abandonable():  # a stop signal drops the iteration up to step 3: nothing a checkpoint holds has changed
+            # 1. pioneer: a1 ~ π_P(· | x_P)
+            pio = pioneer.act([self.task.pioneer_prompt(q) for q in queries], max_new_tokens, gen, batch)
+            # 2. observer: x_O = T_obs(q, a1) from decoded text, then a2 ~ π_O(· | x_O), same generation settings
+            if self.knowledge_transfer:
+                obs_prompts = [self.task.observer_prompt(q, a1) for q, a1 in zip(queries, pio.responses)]
+            else:  # "CORY w/o KT": the observer sees the query alone (§1.7)
+                obs_prompts = [self.task.pioneer_prompt(q) for q in queries]
+            obs = observer.act(obs_prompts, max_new_tokens, gen, batch)
+            # 3. task rewards on the original query only: r1 = r(q, a1), r2 = r(q, a2)
+            r1, failed1 = self.scorer(queries, pio.responses)
+            r2, failed2 = self.scorer(queries, obs.responses)
         # 4. collective reward (Eq. 4): R_P = w_self·r1 + w_other·r2, R_O = w_self·r2 + w_other·r1
         R_pio = [self.w_self * a + self.w_other * b for a, b in zip(r1, r2)]
         R_obs = [self.w_self * b + self.w_other * a for a, b in zip(r1, r2)]
         t1 = time.perf_counter()
         # 5. two independent PPO updates; both rollouts were collected first, so the order does not matter
-        stats_pio = pioneer.learn(pio, torch.tensor(R_pio))
-        stats_obs = observer.learn(obs, torch.tensor(R_obs))
+        stats_pio = self._learn(iteration, pioneer, pio, R_pio)
+        stats_obs = self._learn(iteration, observer, obs, R_obs)
         metrics = agent_metrics(pio_id, pio, r1, R_pio, stats_pio, self.task.eval_kl_coef)
         metrics |= agent_metrics(obs_id, obs, r2, R_obs, stats_obs, self.task.eval_kl_coef)
         for role, agent_id in self.roles.items():  # per-role views of the same numbers
@@ -127,6 +129,11 @@ class CORY:
                     agent.reset_training_state()
                 self.team.reseed(iteration + 1)
         return StepOutput(metrics, samples, nonfinite(metrics), headline(metrics, ["llm1", "llm2"]))
+
+    def _learn(self, iteration: int, agent, rollout, rewards: list[float]) -> dict[str, float]:
+        """Step 5 for one agent: its PPO update on its own rollout and collective rewards. CORY updates both
+        agents every iteration; a schedule that freezes one (`cory/algorithms/cory_schedules.py`) overrides this."""
+        return agent.learn(rollout, torch.tensor(rewards))
 
     def evaluate(self, iteration: int, final: bool, should_stop) -> EvalOutput | None:
         return self.team.evaluate(final, should_stop)
