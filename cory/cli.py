@@ -7,7 +7,9 @@
   explicit one must not hold a run already (Hydra would overwrite its `.hydra/` before the run could refuse);
 - a sweep that sweeps a key the folder names leave out (`cory/conf/train.yaml`'s `exclude_keys`) gets that key back
   in its job folder names, so two jobs never share a folder;
-- a single run's overrides are composed once, so a wrong option or key is one `error:` line.
+- a single run's overrides are composed once, so a wrong option or key is one `error:` line;
+- a SLURM job that was requeued and runs its command again resumes its own run (`runs.requeue_of`): the folder
+  its command names, or its run among the default folders, as if `resume=<folder>` had been typed.
 
 `run_hydra` then runs the app with Hydra's own error reports off, so that a composition error or a failed
 sweep job reaches us and is printed as one line (exit code 2) instead of a traceback.
@@ -27,6 +29,7 @@ from cory import runs
 from cory.errors import ConfigError, one_line
 
 CONF_DIR = Path(__file__).resolve().parent / "conf"
+DEFAULT_RUNS = Path("outputs/runs")  # where `cory/conf/train.yaml` puts a run's folder when none is given
 _HELP = {"-h", "--help", "--hydra-help", "--version", "--shell-completion", "-sc", "--info", "-i"}
 
 
@@ -80,6 +83,15 @@ def prepare(args: list[str]) -> list[str]:
     parsed = _parse(args)
     if parsed is None:
         return args
+    requeued = _requeued_run(parsed)
+    if requeued is not None:  # the same command again, after SLURM requeued the job: continue its run
+        print(
+            f"[cory] SLURM job {runs.slurm_job()} was requeued (restart {runs.slurm_restart()}): resuming its run "
+            f"in {requeued}",
+            flush=True,
+        )
+        args = [a for a in args if not a.startswith("hydra.run.dir=")] + [quote_path_override(f"resume={requeued}")]
+        parsed = _parse(args)
     try:
         overrides = list(parsed.overrides)
         values = {override_key(o): unquote(o.split("=", 1)[1]) for o in overrides if "=" in o}
@@ -111,6 +123,20 @@ def prepare(args: list[str]) -> list[str]:
         print(f"error: {one_line(err)}", file=sys.stderr, flush=True)
         sys.exit(2)
     return args + extra
+
+
+def _requeued_run(parsed) -> Path | None:
+    """The run folder a restarted SLURM job resumes without being told (`runs.requeue_of`): the folder its command
+    names (`hydra.run.dir=`), or its run among the default folders; None for any other command."""
+    if parsed.multirun or parsed.cfg is not None or not runs.slurm_job() or runs.slurm_restart() < 1:
+        return None
+    values = {override_key(o): unquote(o.split("=", 1)[1]) for o in parsed.overrides if "=" in o}
+    if values.get("resume", "null") not in ("null", "") or _sweep_file(values):
+        return None
+    if "hydra.run.dir" in values:
+        folder = Path(values["hydra.run.dir"])
+        return folder if runs.requeue_of(folder) else None
+    return runs.requeued_run_under(DEFAULT_RUNS)
 
 
 def _sweep_file(values: dict[str, str]) -> bool:

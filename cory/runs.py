@@ -9,6 +9,11 @@
   command line are compared with the run's config key by key: cadence, logging and some hardware keys may
   change (`RESUMABLE_KEYS`: printed and recorded in `starts.jsonl`); anything that changes the experiment is
   refused in one line naming the keys.
+- Requeue. A SLURM job that is requeued (pre-empted, timed out under submitit, or its node failed) runs the same
+  command again. When that command names a folder holding a run (`hydra.run.dir=`, or a sweep job's fixed folder)
+  and this process is such a restart (`SLURM_RESTART_COUNT` ≥ 1) of the very job that last held the folder (its
+  `SLURM_JOB_ID`, recorded in `run.lock` and `starts.jsonl`), the run is resumed as `resume=<folder>` would; any
+  other new run is still refused there (`requeue_of`).
 - Trust. A run folder is input from others (a shared filesystem, downloaded results): nothing it names is ever
   built unless the installed configs name it too. Every `_target_` of its `run_config.yaml` and of its recorded
   overrides must be one that cory's own config tree (or an installed Hydra search-path plugin's) writes, or one
@@ -114,7 +119,7 @@ class RunLock:
             if previous:
                 who = f"pid {previous.get('pid')} on {previous.get('host')}"
                 runtime.say(f"[cory] {self.path}: taking over the lock left by {who}, which is gone")
-            owner = {"pid": os.getpid(), "host": socket.gethostname(), "since": _now()}
+            owner = {"pid": os.getpid(), "host": socket.gethostname(), "since": _now(), "slurm_job": slurm_job()}
             os.ftruncate(fd, 0)
             os.pwrite(fd, (json.dumps(owner) + "\n").encode(), 0)
             self._fd = fd
@@ -195,6 +200,55 @@ def remove_if_unused(folder: Path, hydra_files: Sequence[str]) -> None:
             path.unlink(missing_ok=True)
     with contextlib.suppress(OSError):
         folder.rmdir()
+
+
+# ------------------------------------------------------------------------------------------------ requeue
+def slurm_job() -> str | None:
+    """The SLURM job this process belongs to (`<array job>_<task>` for an array task, as submitit's sweeps are), or
+    None outside SLURM. A requeued job keeps it."""
+    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    if array and task:
+        return f"{array}_{task}"
+    return os.environ.get("SLURM_JOB_ID") or None
+
+
+def slurm_restart() -> int:
+    """How many times SLURM has restarted (requeued) this job: `SLURM_RESTART_COUNT`, 0 when unset."""
+    try:
+        return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    except ValueError:
+        return 0
+
+
+def last_holder_job(folder: Path) -> str | None:
+    """The SLURM job of the last process that held `folder`: the lock's owner when a killed one left it there
+    (a clean exit empties the lock), else the last recorded start's."""
+    with contextlib.suppress(OSError, ValueError):
+        owner = json.loads((Path(folder) / LOCK).read_text() or "{}")
+        if owner:
+            return owner.get("slurm_job")
+    last = None
+    with contextlib.suppress(OSError):
+        for line in (Path(folder) / STARTS).read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                last = json.loads(line).get("slurm_job")
+    return last
+
+
+def requeue_of(folder: Path) -> bool:
+    """Whether this process is a SLURM restart of the job that last held the run in `folder`: then the new start
+    resumes that run. Never true outside SLURM, for a job's first run, or for another job's folder."""
+    job = slurm_job()
+    return bool(job) and slurm_restart() >= 1 and holds_run(folder) is not None and last_holder_job(folder) == job
+
+
+def requeued_run_under(root: Path) -> Path | None:
+    """For a restarted SLURM job whose command names no folder: its run among the default run folders under `root`
+    (`<task>/<algorithm>/<time>-<suffix>`, `cory/conf/train.yaml`), when exactly one is this job's; else None."""
+    if not (slurm_job() and slurm_restart() >= 1) or not Path(root).is_dir():
+        return None
+    found = [lock.parent for lock in sorted(Path(root).glob(f"*/*/*/{LOCK}")) if requeue_of(lock.parent)]
+    return found[0] if len(found) == 1 else None
 
 
 # ------------------------------------------------------------------------------------------------ resume
@@ -413,6 +467,7 @@ def record_start(folder: Path, overrides: Sequence[str], changes: dict, iteratio
         "time": _now(),
         "host": socket.gethostname(),
         "pid": os.getpid(),
+        "slurm_job": slurm_job(),  # a requeued job finds its own folder by it (`requeue_of`)
         "overrides": list(overrides),
         "changes": {k: [_jsonable(a), _jsonable(b)] for k, (a, b) in changes.items()},
         "from_iteration": iteration,

@@ -3,7 +3,8 @@
 `main` prepares the command line (`cory.cli`) and hands it to Hydra; `_hydra_main` reports user errors as one
 `error:` line; `train(cfg, run_dir, overrides)` does the work and is what tests call. A run folder belongs to
 one run (`cory.runs`): a new run never starts in a folder that holds one, and `resume=<folder>` continues the
-run there with its own config, changed only where the resume command says so and is allowed to.
+run there with its own config, changed only where the resume command says so and is allowed to. A requeued SLURM
+job continues its own run without being told (`cory.runs.requeue_of`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, read_write
 from omegaconf.errors import OmegaConfBaseException
 
 from cory import build, cli, distributed, runs, runtime
@@ -44,6 +45,11 @@ def train(cfg: DictConfig, run_dir: Path, overrides: Sequence[str] = ()) -> dict
     run_dir = Path(run_dir)
     primary = int(os.environ.get("RANK", "0")) == 0  # data-parallel: rank 0 owns the folder
     resuming = bool(cfg.get("resume"))
+    if not resuming and runs.requeue_of(run_dir):  # a requeued SLURM sweep job (submitit) in its fixed folder
+        runtime.say(f"[cory] SLURM job {runs.slurm_job()} was requeued: resuming its run in {run_dir}")
+        cfg = cfg.copy()
+        with read_write(cfg):
+            cfg.resume, resuming = str(run_dir), True
     changes: dict = {}
     if resuming:
         cfg, changes, overrides = _resume_config(cfg, run_dir, overrides)
@@ -101,6 +107,7 @@ def _train(cfg: DictConfig, run_dir: Path, resuming: bool, record_start: Callabl
             for line in [f"run folder: {run_dir}", *trainer.report_lines, f"wall time {summary['wall_time_s']:.0f} s"]:
                 runtime.say(f"[cory] {line}")
     distributed.close()
+    trainer.pass_on_stop_signal()  # a scheduler's own handler (submitit: requeue the job, then exit)
     return summary
 
 

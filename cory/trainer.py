@@ -7,15 +7,20 @@ streams in its `save` — so a resumed run continues exactly. Checkpoints are wr
 renamed, so a crash while writing leaves the previous one intact; loading one checks every file and every weight
 before the run trusts it.
 
-On SIGTERM/SIGINT the current iteration finishes and is checkpointed at once, before any evaluation it was
-due (the checkpoint records that evaluation as pending; the resumed run does it first), so the exit fits a
-cluster's grace period. Weights that turn non-finite stop the run before they can be saved.
+On a stop signal (SIGTERM or SIGUSR1 from a cluster's pre-emption, a scheduler's own signal such as submitit's
+SIGUSR2, SIGINT from Ctrl-C) the run saves the last completed iteration within seconds (`cory.preemption`): an
+iteration still generating or scoring is dropped, together with its draws from the global RNGs, and the resumed
+run redoes it; one already in its update finishes first. An evaluation in progress is dropped too; the checkpoint
+records it as pending and the resumed run does it first. A scheduler's own handler for the signal (submitit's,
+which requeues the job) is called once the checkpoint is written. Weights that turn non-finite stop the run before
+they can be saved.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import signal
 import time
@@ -25,7 +30,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from cory import distributed, runtime
+from cory import distributed, preemption, runtime
 from cory.algorithms.base import Algorithm
 from cory.checkpoints import (
     ALGORITHM_DIR,
@@ -40,6 +45,9 @@ from cory.errors import CheckpointError, NonFiniteError
 from cory.loggers import JsonlLogger, read_metrics
 from cory.metrics import MEMORY_PEAK_MB, NONFINITE_ITERATIONS, TIME_ITERATION
 from cory.settings import RunSettings
+
+# Signals that stop a run: SLURM's pre-emption (SIGTERM, and SIGUSR1 or SIGUSR2 as `--signal` asks), Ctrl-C
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 
 # torch's message when a sampling distribution or a kernel meets inf/NaN (e.g. weights blown up by a huge step)
 _NONFINITE_RUNTIME = re.compile(r"\b(inf|nan)\b", re.IGNORECASE)
@@ -75,7 +83,8 @@ class Trainer:
         self.metrics_lines = 0  # lines written to metrics.jsonl / samples.jsonl: a resume truncates to these
         self.samples_lines = 0
         self.stop_requested = False
-        self.stopped_by: str | None = None  # the signal that stopped the run (SIGTERM, SIGINT)
+        self.stopped_by: str | None = None  # the signal that stopped the run (SIGTERM, SIGINT, SIGUSR1, ...)
+        self._previous_handlers: dict = {}  # the handlers ours replaced while `fit` runs
         self.wandb_run_id = getattr(logger, "run_id", None)
         self.earlier_wall_s = 0.0  # wall time of the earlier starts, up to the checkpoint this one resumed from
         self._start_time = time.perf_counter()
@@ -110,10 +119,13 @@ class Trainer:
         try:
             self._run_pending_eval()  # before any update, or the one a signal deferred to this resume
             for k in bar:
-                if self.stop_requested:  # the signal came before this iteration: nothing new to save
-                    self._print_stopped(saved=False)
+                if self.stop_requested:  # the signal came before this iteration (in an evaluation, or it was
+                    self._stop_before(k, dropped=False)  # never abandonable): save what the run has
                     break
                 bad = self._iteration(k, bar)
+                if bad is None:  # a stop signal dropped iteration k before it changed anything
+                    self._stop_before(k, dropped=True)
+                    break
                 self.iteration = k + 1
                 last = self.iteration == self.s.iterations
                 self.pending_eval = last or bool(self.s.eval_every and self.iteration % self.s.eval_every == 0)
@@ -136,6 +148,7 @@ class Trainer:
         finally:
             bar.close()
             self._restore_signal_handlers(previous)
+            preemption.reset()
         summary = self._summary(time.perf_counter() - self._start_time)
         if distributed.world_size() > 1:  # every process must hold the same weights after data-parallel updates
             in_sync = distributed.weights_in_sync([t for _, t in self.algorithm.parameters()])
@@ -144,11 +157,14 @@ class Trainer:
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
 
-    def _iteration(self, k: int, bar: tqdm) -> bool:
-        """One training iteration: step, metrics, log, weight check. Returns whether it was non-finite."""
+    def _iteration(self, k: int, bar: tqdm) -> bool | None:
+        """One training iteration: step, metrics, log, weight check. Returns whether it was non-finite, or None
+        when a stop signal dropped it (`cory.preemption`): nothing logged, the global RNGs as they were."""
         t0 = time.perf_counter()
-        with self._nonfinite_guard(f"iteration {k}"):
+        with self._nonfinite_guard(f"iteration {k}"), _restore_rng_if_abandoned() as abandoned:
             out = self.algorithm.step(k)
+        if abandoned.happened:
+            return None
         metrics = out.metrics | {
             TIME_ITERATION: time.perf_counter() - t0,
             MEMORY_PEAK_MB: runtime.peak_memory_mb(self.device),
@@ -174,10 +190,26 @@ class Trainer:
                 shown = " ".join(f"{k} {v:.3f}" for k, v in self._eval_headline.items())
                 runtime.say(f"[cory] evaluation after {self.iteration} iterations: {shown}")
 
-    def _print_stopped(self, saved: bool) -> None:
+    def _stop_before(self, k: int, dropped: bool) -> None:
+        """Stopped by a signal before iteration k changed anything (`dropped`: it had begun): checkpoint the
+        completed iterations, unless the latest checkpoint holds exactly them already, none was done, or the last
+        one was non-finite (a bad iteration is never checkpointed)."""
+        latest = latest_checkpoint(self.run_dir)
+        have = (
+            latest is not None
+            and latest.name == f"iter_{self.iteration:06d}"
+            and read_state(latest)["metrics_lines"] == self.metrics_lines
+        )
+        saved = not have and self.iteration > 0 and self.bad_streak == 0
+        if saved:
+            self.save_checkpoint()
+        note = f" (iteration {k + 1} was dropped; the resume redoes it)" if dropped else ""
+        self._print_stopped(saved=saved, note=note)
+
+    def _print_stopped(self, saved: bool, note: str = "") -> None:
         what = "checkpoint saved." if saved else f"no new checkpoint. {self._last_good()}"
         runtime.say(
-            f"[cory] stopped after iteration {self.iteration} on a signal; {what} "
+            f"[cory] stopped after iteration {self.iteration} on a signal{note}; {what} "
             f"Resume with: python -m cory.train resume={self.run_dir}"
         )
 
@@ -193,9 +225,14 @@ class Trainer:
         complete; None when a signal arrived meanwhile (the evaluation stays owed)."""
         if not distributed.is_main():  # rank 0 evaluates and logs; the others go on to the next iteration
             return {}
-        with self._nonfinite_guard(f"the evaluation at iteration {self.iteration}"):
+        with (
+            self._nonfinite_guard(f"the evaluation at iteration {self.iteration}"),
+            _restore_rng_if_abandoned() as abandoned,
+        ):
             out = self.algorithm.evaluate(self.iteration, final, lambda: self.stop_requested)
-        if out is None:
+            if out is None:  # stopped between its parts: it stays owed, and what it drew is put back
+                raise preemption.Abandoned
+        if abandoned.happened:
             return None
         self._eval_headline = out.headline
         for name, rows in out.tables:
@@ -292,25 +329,44 @@ class Trainer:
         return summary | {"wall_time_s": self.earlier_wall_s + wall_s, "wall_time_this_start_s": wall_s}
 
     def _install_signal_handlers(self) -> dict:
-        """SIGTERM (SLURM pre-emption) and SIGINT (Ctrl-C): finish the iteration, checkpoint, exit cleanly.
-        Outside the main thread (a launcher's worker thread) handlers cannot be set; signals are left alone."""
+        """The stop signals (`STOP_SIGNALS`) save the last completed iteration at once and end the run cleanly; the
+        same signal again aborts (the handler it replaced takes it). Outside the main thread (a launcher's worker
+        thread) handlers cannot be set; signals are left alone."""
 
         def handler(signum: int, _frame) -> None:
-            self.stop_requested, self.stopped_by = True, signal.Signals(signum).name
-            print(
-                f"\n[cory] {signal.Signals(signum).name} received: finishing this iteration, then saving a "
-                f"checkpoint (send it again to abort at once)",
-                flush=True,
+            name = signal.Signals(signum).name
+            if not self.stop_requested:
+                self.stop_requested, self.stopped_by = True, name
+            # os.write, not print: the handler may interrupt a print to the same stream (a reentrant write fails)
+            os.write(
+                2,
+                f"\n[cory] {name} received: saving the last completed iteration now (one still generating is "
+                f"dropped and redone on resume; one in its update finishes first); send it again to abort\n".encode(),
             )
             signal.signal(signum, previous.get(signum, signal.SIG_DFL))
+            preemption.request_stop()  # inside generation, scoring or evaluation: raises `Abandoned` there
 
         previous = {}
         try:
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            for sig in STOP_SIGNALS:
                 previous[sig] = signal.signal(sig, handler)
         except ValueError:  # not the main thread (e.g. inside some launchers): leave signals alone
             pass
+        self._previous_handlers = dict(previous)
+        preemption.reset()
         return previous
+
+    def pass_on_stop_signal(self) -> None:
+        """Once the run has stopped on a signal and saved: hand the signal to the Python handler ours replaced,
+        if any (submitit's, which checkpoints the job's call, requeues the job and exits). Ctrl-C's default
+        handler is not called (it would raise KeyboardInterrupt after a clean stop)."""
+        if self.stopped_by is None:
+            return
+        signum = signal.Signals[self.stopped_by]
+        previous = self._previous_handlers.get(signum)
+        if callable(previous) and previous is not signal.default_int_handler:
+            runtime.say(f"[cory] passing {self.stopped_by} on to the handler that was installed before the run")
+            previous(signum, None)
 
     @staticmethod
     def _restore_signal_handlers(previous: dict) -> None:
@@ -319,3 +375,21 @@ class Trainer:
                 signal.signal(sig, h)
             except (ValueError, TypeError):
                 pass
+
+
+class _Outcome:
+    happened = False
+
+
+@contextlib.contextmanager
+def _restore_rng_if_abandoned() -> Iterator[_Outcome]:
+    """Catch `preemption.Abandoned` from the block and put the global python, numpy and torch RNGs back as they
+    were when it began: the dropped work leaves nothing a checkpoint would hold. `.happened` says whether it was."""
+    python_numpy, torch_states = runtime.rng_state(), runtime.torch_rng_states()
+    outcome = _Outcome()
+    try:
+        yield outcome
+    except preemption.Abandoned:
+        runtime.set_rng_state(python_numpy)
+        runtime.set_torch_rng_states(torch_states)
+        outcome.happened = True

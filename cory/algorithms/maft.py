@@ -62,6 +62,7 @@ from cory.maft.debate import (
 from cory.maft.metrics import critic_name, debate_metrics, embedding_metrics, gen_name, load_encoder
 from cory.maft.sft import SFTSettings
 from cory.maft.store import RunStore
+from cory.preemption import abandonable
 from cory.tasks.problems import Problem
 
 TRAIN, EVAL = "train", "eval"
@@ -274,16 +275,19 @@ class MAFT:
     def finetune_round(self, k: int, problems: list[Problem]) -> dict[str, float]:
         """Round k ≥ 1: debate on the training problems, vote, select each agent's data, fine-tune each agent."""
         t0 = time.perf_counter()
-        # 1. debate with the agents as round k − 1 left them
-        records = self.debate(problems, TRAIN, k)
-        assert records is not None  # a training debate is never stopped half-way: the iteration finishes
-        # 2. majority vote over the final-round answers; the label is the vote (or, as in STaR, the ground truth)
-        votes = self.votes(records, TRAIN, k, self.debate_rounds - 1)
-        labels = votes if self.filter == "vote" else [record.truth for record in records]
-        metrics = debate_metrics(records, votes, self.votes(records, TRAIN, k, 0), TRAIN)
-        t1 = time.perf_counter()
-        # 3. each agent's own data: D^G_n for generation agent n, w·C− + (1−w)·C+ for critic agent n
-        datasets, sizes = self.select_data(records, labels, k)
+        # steps 1-3 change no weights, and the stage files they write are those a resumed run would write (seeded
+        # by stage): a stop signal drops the round here at once; the resumed run reads the finished stages back
+        with abandonable():
+            # 1. debate with the agents as round k − 1 left them
+            records = self.debate(problems, TRAIN, k)
+            assert records is not None  # a training debate is not asked to stop between its rounds
+            # 2. majority vote over the final-round answers; the label is the vote (or, as in STaR, the ground truth)
+            votes = self.votes(records, TRAIN, k, self.debate_rounds - 1)
+            labels = votes if self.filter == "vote" else [record.truth for record in records]
+            metrics = debate_metrics(records, votes, self.votes(records, TRAIN, k, 0), TRAIN)
+            t1 = time.perf_counter()
+            # 3. each agent's own data: D^G_n for generation agent n, w·C− + (1−w)·C+ for critic agent n
+            datasets, sizes = self.select_data(records, labels, k)
         # 4. supervised fine-tuning of each agent on its own data only
         for index, (agent, chats) in enumerate(datasets.items()):
             metrics |= self.finetune_agent(k, index, agent, chats)

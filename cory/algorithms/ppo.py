@@ -10,6 +10,7 @@ import torch
 from cory.algorithms.base import EvalOutput, Report, RunContext, StepOutput
 from cory.algorithms.team import AgentTeam
 from cory.ppo.metrics import agent_metrics, headline, nonfinite, sample_rows
+from cory.preemption import abandonable
 from cory.tasks.base import SafeScorer
 
 
@@ -36,15 +37,16 @@ class PPO:
     def step(self, iteration: int) -> StepOutput:
         agent, t0 = self.team.agents["llm1"], time.perf_counter()
         queries, max_new_tokens = self.team.batch(iteration)
-        # 1-2. generate a ~ π(·|x) on the query-only prompt
-        rollout = agent.act(
-            [self.task.pioneer_prompt(q) for q in queries],
-            max_new_tokens,
-            self.task.generation_kwargs,
-            self.team.generation_batch_size,
-        )
-        # 5. task reward r(q, a) on the original query
-        scores, failed = self.scorer(queries, rollout.responses)
+        with abandonable():  # a stop signal drops the iteration up to here: nothing a checkpoint holds has changed
+            # 1-2. generate a ~ π(·|x) on the query-only prompt
+            rollout = agent.act(
+                [self.task.pioneer_prompt(q) for q in queries],
+                max_new_tokens,
+                self.task.generation_kwargs,
+                self.team.generation_batch_size,
+            )
+            # 5. task reward r(q, a) on the original query
+            scores, failed = self.scorer(queries, rollout.responses)
         t1 = time.perf_counter()
         # 7. one PPO update on R = r
         stats = agent.learn(rollout, torch.tensor(scores))

@@ -24,6 +24,7 @@ from cory.algorithms.base import EvalOutput, Report, RunContext, named_parameter
 from cory.checkpoints import check_files, damaged, refuse_nonfinite
 from cory.errors import CheckpointError, ConfigError
 from cory.ppo.evaluation import eval_lengths, evaluate
+from cory.preemption import abandonable
 from cory.tasks.base import Task
 
 TEAM_STATE = "team.json"
@@ -141,7 +142,8 @@ class AgentTeam:
         for agent_id, agent in self.agents.items():
             if should_stop():
                 return None
-            m, samples = evaluate(agent, self.task, queries, lengths, self.eval_batch_size, seed=self.seed)
+            with abandonable():  # evaluation changes no training state: a stop signal drops it at once
+                m, samples = evaluate(agent, self.task, queries, lengths, self.eval_batch_size, seed=self.seed)
             metrics |= {f"eval/{agent_id}/{k}": v for k, v in m.items()}
             tables.append((f"eval/{agent_id}/samples", samples))
         headline = {
