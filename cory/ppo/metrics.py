@@ -49,7 +49,9 @@ PPO_METRICS: dict[str, str] = {
     ),
     # PPO internals, per agent (means over epochs and minibatches).
     ppo_key(_A, "policy_loss"): "Clipped surrogate policy loss.",
-    ppo_key(_A, "value_loss"): "Clipped value-function loss.",
+    ppo_key(_A, "value_loss"): (
+        "Clipped value-function loss (with `critic: centralized`, the shared critic's on this agent's tokens)."
+    ),
     ppo_key(_A, "clipfrac"): "Fraction of response tokens where the clipped policy term is the active one.",
     ppo_key(_A, "value_clipfrac"): "Fraction of response tokens where the clipped value term is the active one.",
     ppo_key(_A, "approx_kl"): "½·mean((log π_θ − log π_old)²) over response tokens (TRL's `policy/approxkl`).",
@@ -64,7 +66,8 @@ PPO_METRICS: dict[str, str] = {
         _A, "ratio_threshold_hits"
     ): "Minibatches whose mean ratio exceeded `ratio_threshold` (loss zeroed, as TRL).",
     ppo_key(_A, "explained_variance"): (
-        "1 − Var(returns − values) / Var(returns) over response tokens (learners with a critic: not GRPO, RLOO)."
+        "1 − Var(returns − values) / Var(returns) over response tokens (learners with a critic: not GRPO, RLOO; "
+        "with `critic: centralized`, the shared critic's values)."
     ),
     ppo_key(_A, "zero_spread_groups"): (
         "GRPO and RLOO: fraction of prompt groups whose G KL-shaped returns are all equal (advantage 0: no signal)."

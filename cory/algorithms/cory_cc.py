@@ -1,0 +1,170 @@
+"""CORY with a centralised critic (CoLLM-CC, Liu et al., arXiv 2601.21972; docs/method.md §10).
+
+CORY's loop (`cory/algorithms/cory.py`, docs/method.md §1.2) with one change at step 5: both actors take their
+values from one critic that reads the joint sequence [x_P; a1; a2] (`cory.ppo.central_critic`), and the critic is
+trained on both agents' returns. Each actor keeps its own policy, clipping, KL penalty and β; neither has a value loss.
+  1-4. as CORY: pioneer acts, observer acts on T_obs(q, a1), task rewards, collective rewards R_P and R_O (Eq. 4)
+  5a.  the critic's values V_φ of each agent's response tokens, read from the joint sequence (causal)
+  5b.  two PPO updates, GAE on each agent's own KL-shaped rewards with the critic's values
+  5c.  the critic's update: clipped value loss against both agents' returns
+  6.   role exchange as CORY (the critic has no role: it reads the joint sequence in role order)
+`critic: per_agent` is CORY itself (each agent's own value head).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from cory import runtime
+from cory.algorithms.base import RunContext, StepOutput, named_parameters
+from cory.algorithms.cory import CORY
+from cory.checkpoints import check_files, damaged, refuse_nonfinite
+from cory.errors import CheckpointError, ConfigError
+from cory.metrics import role_key
+from cory.ppo.central_critic import CentralCritic, CriticActors, joint_batch
+from cory.ppo.learner import PPOConfig
+from cory.ppo.metrics import agent_metrics, headline, nonfinite, sample_rows
+
+CRITICS = ("per_agent", "centralized")
+CRITIC_DIR = "critic"
+
+
+class CORYCC(CORY):
+    """CORY whose two actors share a centralised critic (`critic: centralized`), or CORY (`critic: per_agent`).
+
+    Built by Hydra from `cory/conf/algorithm/cory_cc.yaml`: CORY's keys plus `critic`.
+    """
+
+    def __init__(
+        self,
+        agent,
+        critic: str,
+        knowledge_transfer: bool,
+        role_exchange: bool,
+        swap_period: int,
+        w_self: float,
+        w_other: float,
+        faithful_official_swap: bool,
+        log_samples: int,
+        *,
+        context: RunContext,
+    ) -> None:
+        if critic not in CRITICS:
+            raise ConfigError(f"algorithm.critic={critic!r}: allowed {CRITICS}")
+        centralized = critic == "centralized"
+        if centralized and type(agent) is not PPOConfig:  # GAE needs values: a critic-free learner has no use for them
+            raise ConfigError(
+                "algorithm.critic=centralized needs PPO's learner (algorithm.agent._target_: "
+                f"cory.ppo.learner.PPOConfig), got {type(agent).__module__}.{type(agent).__qualname__}"
+            )
+        super().__init__(
+            CriticActors(agent) if centralized else agent,
+            knowledge_transfer,
+            role_exchange,
+            swap_period,
+            w_self,
+            w_other,
+            faithful_official_swap,
+            log_samples,
+            context=context,
+        )
+        self.critic_mode, self.critic = critic, None
+        if centralized:
+            s, hw = context.settings, context.hardware
+            backbone = context.backbone()  # the one the team's agents were built on (cached)
+            self.pad_token_id = backbone.tokenizer.pad_token_id
+            self.critic = CentralCritic(
+                backbone.policy(CRITIC_DIR, init_seed=s.seed),
+                agent,
+                seed=s.seed + len(self.team.agents),  # its own minibatch stream after the agents' seed, seed + 1
+                device=context.device,
+                autocast_dtype=runtime.autocast_dtype(hw.precision),
+                forward_batch_size=hw.forward_batch_size,
+            )
+
+    def describe(self) -> dict:
+        return super().describe() | {"algorithm": "cory_cc", "critic": self.critic_mode}
+
+    def step(self, iteration: int) -> StepOutput:
+        if self.critic is None:
+            return super().step(iteration)
+        pio_id, obs_id = self.roles["pioneer"], self.roles["observer"]
+        pioneer, observer = self.team.agents[pio_id], self.team.agents[obs_id]
+        queries, max_new_tokens = self.team.batch(iteration)
+        gen, batch, t0 = self.task.generation_kwargs, self.team.generation_batch_size, time.perf_counter()
+        # 1-2. pioneer, then observer with the pioneer's answer in view (or not: w/o KT), as CORY
+        pio = pioneer.act([self.task.pioneer_prompt(q) for q in queries], max_new_tokens, gen, batch)
+        if self.knowledge_transfer:
+            obs_prompts = [self.task.observer_prompt(q, a1) for q, a1 in zip(queries, pio.responses)]
+        else:
+            obs_prompts = [self.task.pioneer_prompt(q) for q in queries]
+        obs = observer.act(obs_prompts, max_new_tokens, gen, batch)
+        # 3-4. task rewards on the original query, collective rewards (Eq. 4)
+        r1, failed1 = self.scorer(queries, pio.responses)
+        r2, failed2 = self.scorer(queries, obs.responses)
+        R_pio = [self.w_self * a + self.w_other * b for a, b in zip(r1, r2)]
+        R_obs = [self.w_self * b + self.w_other * a for a, b in zip(r1, r2)]
+        t1 = time.perf_counter()
+        # 5a. the centralised critic's values of each agent's tokens, from the joint sequence [x_P; a1; a2]
+        joint = joint_batch(pio, obs, self.pad_token_id)
+        v1, v2 = self.critic.values(joint)
+        pio.values, obs.values = v1 * pio.response_mask, v2 * obs.response_mask
+        # 5b. two PPO updates with those values (GAE on each agent's own KL-shaped rewards)
+        stats_pio = pioneer.learn(pio, torch.tensor(R_pio))
+        stats_obs = observer.learn(obs, torch.tensor(R_obs))
+        # 5c. the critic learns both agents' returns (skipped with an actor's update, on a non-finite input)
+        if pioneer.returns is not None and observer.returns is not None:
+            masks = (pio.response_mask, obs.response_mask)
+            c_pio, c_obs = self.critic.learn(
+                joint, (pio.values, obs.values), (pioneer.returns, observer.returns), masks
+            )
+            stats_pio, stats_obs = stats_pio | c_pio, stats_obs | c_obs
+        metrics = agent_metrics(pio_id, pio, r1, R_pio, stats_pio, self.task.eval_kl_coef)
+        metrics |= agent_metrics(obs_id, obs, r2, R_obs, stats_obs, self.task.eval_kl_coef)
+        for role, agent_id in self.roles.items():
+            metrics[role_key(role, "task_reward")] = metrics[f"train/{agent_id}/task_reward"]
+            metrics[role_key(role, "kl")] = metrics[f"train/{agent_id}/kl"]
+        metrics |= {
+            "cory/llm1_role": float(pio_id != "llm1"),
+            "cory/swaps": float(self.swaps),
+            "time/generate_s": t1 - t0,
+            "time/learn_s": time.perf_counter() - t1,
+            "train/reward_failures": float(failed1 + failed2),
+        }
+        samples = sample_rows(
+            queries, {"pioneer": pio, "observer": obs}, {"pioneer": r1, "observer": r2}, self.log_samples
+        )
+        # 6. role exchange (Eq. 5), as CORY
+        if self.role_exchange and (iteration + 1) % self.swap_period == 0:
+            self.roles = {"pioneer": obs_id, "observer": pio_id}
+            self.swaps += 1
+            if self.faithful_official_swap:
+                for agent in self.team.agents.values():
+                    agent.reset_training_state()
+                self.team.reseed(iteration + 1)
+        return StepOutput(metrics, samples, nonfinite(metrics), headline(metrics, ["llm1", "llm2"]))
+
+    def parameters(self):
+        yield from self.team.parameters()
+        if self.critic is not None:
+            yield from named_parameters({CRITIC_DIR: self.critic.trainable_parameters()})
+
+    def save(self, directory: Path) -> None:
+        super().save(directory)
+        if self.critic is not None:
+            self.critic.save(directory / CRITIC_DIR)
+
+    def load(self, directory: Path) -> None:
+        if self.critic is not None:  # checked before anything is loaded
+            checkpoint, folder = directory.parent, directory / CRITIC_DIR
+            if not folder.is_dir():
+                raise CheckpointError(f"checkpoint {checkpoint} has no centralised critic ({CRITIC_DIR}/)")
+            check_files(folder, checkpoint)
+        super().load(directory)
+        if self.critic is not None:
+            with damaged(folder, checkpoint):
+                self.critic.load(folder)
+            refuse_nonfinite(self.critic.state_tensors(), folder, checkpoint)
