@@ -252,6 +252,22 @@ def test_paper_presets_train_in_fp32_whatever_the_hardware_option(experiment, ha
     assert chosen.hardware.precision == "bf16"
 
 
+GSM8K_PAPER = sorted(e for e in EXPERIMENTS if e.startswith("gsm8k_llama2"))
+
+
+@pytest.mark.parametrize("hardware", GROUPS["hardware"])
+@pytest.mark.parametrize("experiment", GSM8K_PAPER)
+def test_gsm8k_paper_presets_keep_what_is_not_quantized_in_fp32(experiment, hardware):
+    """TRL's 4-bit + LoRA PPO (PEFT's `prepare_model_for_kbit_training`) holds the LM head, embeddings and norms in
+    fp32 and runs no autocast; only the NF4 layers compute in `compute_dtype`. The GSM8K presets do the same on
+    every hardware option, and bf16 autocast stays an explicit choice."""
+    cfg = compose_cfg([f"experiment={experiment}", f"hardware={hardware}"])
+    assert cfg.model.load_in_4bit is True and cfg.model.dtype == "float32"
+    assert cfg.hardware.precision == "fp32"
+    chosen = compose_cfg([f"experiment={experiment}", f"hardware={hardware}", "hardware.precision=bf16"])
+    assert chosen.hardware.precision == "bf16"
+
+
 def test_paper_experiments_override_from_the_command_line():
     cfg = compose_cfg(["experiment=cory_gpt2_large", "model=gpt2", "task.reward.name_or_path=/tmp/clf", "seed=2"])
     assert cfg.model.name_or_path == "gpt2" and cfg.seed == 2

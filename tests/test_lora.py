@@ -28,6 +28,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
+from cory.build import load_model
 from cory.config import validate
 from cory.errors import ConfigError
 from cory.models import build_tiny_llama, load_pretrained
@@ -298,6 +299,9 @@ def test_4bit_is_refused_on_a_cpu_in_one_line(monkeypatch):
 def test_4bit_lora_on_a_gpu(tmp_path, algorithm):
     """The 4-bit path: NF4 base, bf16 compute, LoRA adapters; the quantized weights never change."""
     cfg = smoke(f"algorithm={algorithm}", "hardware=gpu", "model.load_in_4bit=true", "iterations=2")
+    model, _ = load_model(cfg.model)
+    floats = {n: p.dtype for n, p in model.named_parameters() if p.is_floating_point()}
+    assert floats and set(floats.values()) == {torch.float32}, floats  # head, embeddings, norms: fp32, as TRL's
     summary = train(cfg, tmp_path / "run")
     assert summary["completed"]
     for agent in summary["agents"].values():
