@@ -167,7 +167,9 @@ def run_reporting_errors(cfg: DictConfig, run_dir: Path, overrides: Sequence[str
     """`train`, with every failure meant for the user printed as one `error:` line and returned as a string.
 
     A failed write (disk full, read-only or unwritable folder) names the path; what was written stays. A run
-    refused before it started leaves no folder behind (Hydra's own files in it are removed).
+    refused before it started leaves no folder behind (Hydra's own files in it are removed). Ctrl-C before the
+    trainer's own handler is set (loading the model, reading the data) is one line and exit code 130, and a new
+    run stopped there leaves no folder either.
     """
     try:
         return train(cfg, run_dir, overrides)
@@ -177,6 +179,16 @@ def run_reporting_errors(cfg: DictConfig, run_dir: Path, overrides: Sequence[str
         if err.errno not in runs.WRITE_ERRNOS:
             raise
         message = runs.write_error_message(err, run_dir)
+    except KeyboardInterrupt:
+        runs.remove_if_unused(run_dir, [".hydra", job_log])
+        kept = (  # a resume's start-up, or a second Ctrl-C that aborted a run (the first one saves)
+            f"the run folder {run_dir} keeps what was written (the last complete checkpoint included); continue "
+            f"with `python -m cory.train resume={run_dir}`"
+            if runs.holds_run(run_dir)
+            else "it stopped before its first iteration and nothing was kept; start the run again"
+        )
+        print(f"error: interrupted (SIGINT); {kept}", file=sys.stderr, flush=True)
+        sys.exit(130)
     print(f"error: {message}", file=sys.stderr, flush=True)
     runs.remove_if_unused(run_dir, [".hydra", job_log])
     return message
@@ -201,7 +213,11 @@ def _hydra_main(cfg: DictConfig) -> None:
 def main() -> None:
     """Prepare the command line (resume, run-folder checks, sweep folder names), then run Hydra."""
     sys.argv = [sys.argv[0], *cli.prepare(sys.argv[1:])]
-    cli.run_hydra(_hydra_main)
+    try:
+        cli.run_hydra(_hydra_main)
+    except KeyboardInterrupt:  # Ctrl-C while Hydra composes the config, before any run folder is used
+        print("error: interrupted (SIGINT) before the run began; nothing was kept", file=sys.stderr, flush=True)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 - SIGKILL at an arbitrary iteration, then `python -m cory.train resume=<run folder>`: the metrics equal an
   uninterrupted run's (PPO and CORY, across a role swap), and the W&B run id continues.
 - SIGTERM / SIGINT: checkpoint at the end of the iteration, before any evaluation it was due (the resume does
-  it), a `resume=` hint, exit code 0; the "last good checkpoint" is named only when there is one.
+  it), a `resume=` hint, exit code 0; the "last good checkpoint" is named only when there is one. Ctrl-C while a
+  run starts (before the trainer's handler): one line, exit code 130, no folder left (a resume's is untouched).
 - Atomic checkpoints; a damaged checkpoint (truncated, unreadable, missing keys, an empty file, a pickle, NaN
   weights) is refused in one line naming it, and the run folder is left as it was; keep-last-K.
 - Non-finite updates are skipped, then stop the run; non-finite weights stop it at once; exploded weights stop
@@ -25,6 +26,7 @@ import re
 import signal
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -41,6 +43,7 @@ from helpers.runners import (
     read_rows,
     resume,
     resume_run,
+    run_main,
     smoke,
     snapshot,
     start,
@@ -49,6 +52,7 @@ from helpers.runners import (
 )
 from safetensors.torch import load_file, save_file
 
+import cory.build
 import cory.checkpoints
 import cory.models
 import cory.ppo.learner
@@ -444,3 +448,56 @@ def test_the_summary_counts_the_wall_time_of_every_start(tmp_path):
     second = resume_run(run_dir, "iterations=3")
     assert second["wall_time_this_start_s"] < second["wall_time_s"]
     assert second["wall_time_s"] == pytest.approx(state["wall_time_s"] + second["wall_time_this_start_s"])
+
+
+# A model that takes long to load: the process says so in a marker file, then waits there for Ctrl-C.
+_SLOW_START = """
+import sys, time
+from pathlib import Path
+import cory.build, cory.train
+marker = Path(sys.argv.pop(1))
+def loading(*args, **kwargs):
+    marker.write_text("loading")
+    while True:
+        time.sleep(0.05)
+cory.build.build_algorithm = loading
+cory.train.main()
+"""
+
+
+def test_ctrl_c_while_starting_is_one_line_and_leaves_no_run_folder(tmp_path):
+    """SIGINT before the trainer's handler is set (the model still loading): no traceback, one line, exit code
+    130, and no skeleton folder (Hydra's files, run_config.yaml, run.lock) that `resume=` could not use."""
+    run_dir, marker = tmp_path / "run", tmp_path / "loading"
+    args = ["experiment=smoke", "progress=false", f"hydra.run.dir={run_dir}", f"cache_dir={tmp_path / 'cache'}"]
+    cmd = [cli()[0], "-c", _SLOW_START, str(marker), *args]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.05)
+    assert (run_dir / "run_config.yaml").exists()  # the start had written into its folder
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in err, err[-3000:]
+    assert err.strip().splitlines() == [
+        "error: interrupted (SIGINT); it stopped before its first iteration and nothing was kept; start the run again"
+    ]
+    assert not run_dir.exists()
+
+
+def test_ctrl_c_while_a_resume_starts_leaves_the_run_folder_as_it_was(tmp_path, monkeypatch, capsys):
+    run_dir = finished_run(tmp_path)
+    before = snapshot(run_dir)
+
+    def loading(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cory.build, "build_algorithm", loading)
+    code, err = run_main(monkeypatch, capsys, f"resume={run_dir}", "iterations=3")
+    assert code == 130 and err == (
+        f"error: interrupted (SIGINT); the run folder {run_dir} keeps what was written (the last complete checkpoint "
+        f"included); continue with `python -m cory.train resume={run_dir}`\n"
+    )
+    # the run's files as they were (Hydra keeps its own record of each resume command under .hydra/)
+    assert {k: v for k, v in snapshot(run_dir).items() if not k.startswith(".hydra/")} == before
