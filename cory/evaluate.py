@@ -36,7 +36,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from cory import runtime
+from cory import figures, runtime
 from cory.checkpoints import ALGORITHM_DIR
 from cory.config import validate
 from cory.errors import ConfigError
@@ -154,11 +154,11 @@ def summarize(rows: list[dict], ks: list[int]) -> dict[str, float]:
 
 
 def plot_passk(summary: dict[str, dict], path: Path, title: str) -> None:
-    """pass@k against k (log₂ axis), one line per model (paper Fig. 5)."""
+    """pass@k against k (log₂ axis), one line per model (paper Fig. 5); legend, ticks and title per `cory.figures`."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(5.5, 4))
+    fig = Figure(figsize=(6.5, 4), constrained_layout=True)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     for model, stats in summary.items():
@@ -167,11 +167,19 @@ def plot_passk(summary: dict[str, dict], path: Path, title: str) -> None:
     ax.set_xscale("log", base=2)
     ticks = sorted({int(key.split("@")[1]) for stats in summary.values() for key in stats if key.startswith("pass@")})
     ax.set_xticks(ticks, [str(k) for k in ticks])
-    ax.set(xlabel="k", ylabel="pass@k", title=title, ylim=(0, 1))
+    ax.set(xlabel="k (samples per problem)", ylabel="pass@k (fraction of problems)", ylim=(0, 1))
+    ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    figures.outside_legend(ax, fontsize=9)
+    figures.save(fig, path, dpi=120)
+
+
+def passk_title(info: figures.RunInfo, n: int, num_problems: int, checkpoint: Path | None) -> str:
+    """What was evaluated: the run (`cory.figures.title`), its checkpoint, n and the number of problems."""
+    where = f"checkpoint {checkpoint.name}" if checkpoint is not None else ""
+    return figures.title(
+        [info], heading="pass@k", note=" · ".join(p for p in (where, f"n={n}, {num_problems} problems") if p)
+    )
 
 
 def read_results(path: Path) -> list[dict]:
@@ -293,7 +301,8 @@ def _evaluate_into(cfg, run_dir, checkpoint, agents, out: Path, n: int, ks, num_
     }
     (out / SUMMARY).write_text(json.dumps(summary, indent=2))
     runtime.say(f"[cory.evaluate] results in {out / SUMMARY} and {out / PLOT}")
-    plot_passk(summary, out / PLOT, f"{task.name}: n={n}, {len(questions)} problems")
+    config = OmegaConf.to_container(cfg, resolve=False) if run_dir is not None else {"task": {"name": task.name}}
+    plot_passk(summary, out / PLOT, passk_title(figures.run_info(config), n, len(questions), checkpoint))
     if str(cfg.logger.get("_target_", "")).endswith("WandbLogger"):
         _log_to_wandb(cfg, run_dir or out, out, summary)
     return summary

@@ -21,6 +21,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from cory import figures
+
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 # The per-point table (frontier.csv, the W&B table); `neg_kl` is the frontier's y-axis.
 COLUMNS = ("algorithm", "kl_coef", "seed", "agent", "task_reward", "kl", "combined_reward", "neg_kl", "run")
@@ -35,11 +37,17 @@ def _num(value: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def make_point(run: str, algorithm: str, kl_coef: Any, seed: Any, agent: str, metrics: Mapping) -> dict | None:
-    """One frontier point, or None when the agent has no finite task reward and KL."""
+def make_point(
+    run: str, algorithm: str, kl_coef: Any, seed: Any, agent: str, metrics: Mapping, info: Any = None
+) -> dict | None:
+    """One frontier point, or None when the agent has no finite task reward and KL.
+
+    `info`: the run's `cory.figures.RunInfo` (task, experiment and reward unit, for the figure's title and axes).
+    """
     reward, kl = _num(metrics.get("task_reward")), _num(metrics.get("kl"))
     if reward is None or kl is None:
         return None
+    info = info or figures.RunInfo()
     return {
         "run": run,
         "algorithm": str(algorithm),
@@ -51,6 +59,9 @@ def make_point(run: str, algorithm: str, kl_coef: Any, seed: Any, agent: str, me
         "combined_reward": _num(metrics.get("combined_reward")),
         "x": reward,
         "y": -kl,
+        "task": info.task,
+        "experiment": info.experiment,
+        "reward_unit": info.reward_unit,
     }
 
 
@@ -78,6 +89,7 @@ def collect(dirs: Iterable[str | Path]) -> list[dict]:
         if summary.get("completed") is False:
             print(f"skipping {path}: the run stopped early (completed: false)", file=sys.stderr)
             continue
+        info = figures.read_run_info(path.parent)
         for agent, metrics in sorted(agents.items()):
             point = make_point(
                 str(path.parent),
@@ -86,6 +98,7 @@ def collect(dirs: Iterable[str | Path]) -> list[dict]:
                 summary.get("seed"),
                 agent,
                 metrics or {},
+                info,
             )
             if point is None:
                 print(f"skipping {path} agent {agent}: no finite task_reward/kl", file=sys.stderr)
@@ -126,9 +139,10 @@ def collect_wandb(path: str, api: Any = None) -> list[dict]:
         algorithm = str(algorithm_cfg.get("_target_", "?")).rsplit(".", 1)[-1].lower()
         kl_coef = (algorithm_cfg.get("agent") or {}).get("init_kl_coef")
         agents = sorted({key.split("/")[1] for key in summary if key.startswith("eval/") and key.count("/") == 2})
+        info = figures.run_info(config)
         for agent in agents:
             metrics = {m: summary.get(f"eval/{agent}/{m}") for m in METRICS}
-            point = make_point(name, algorithm, kl_coef, config.get("seed"), agent, metrics)
+            point = make_point(name, algorithm, kl_coef, config.get("seed"), agent, metrics, info)
             if point is not None:
                 points.append(point)
     return points
@@ -223,71 +237,85 @@ def format_table(aggregated: list[dict], front: dict[str, list[dict]]) -> str:
 
 
 def draw_frontier(points: list[dict], title: str | None = None) -> tuple[Any, dict]:
-    """The frontier figure (colour = algorithm, marker = agent, error bars = std over seeds).
+    """The frontier figure: colour = algorithm, marker = agent, a label = η; error bars = std over seeds.
+
+    Each method's Pareto front over its seed means is a line through rings around its front points (a ring alone
+    when the front is one point); the joint front over every method's means is the wide grey band behind them.
+    With several seeds the single-seed points are drawn faintly behind their means. The title says what the runs
+    are (`cory.figures.title`); `title` replaces its heading. The legend lists exactly what is drawn, outside the
+    axes.
 
     Returns:
-        (the matplotlib Figure, {"aggregated": the seed means, "fronts": each algorithm's front over them}).
+        (the matplotlib Figure, {"aggregated": the seed means, "fronts": each algorithm's front over them,
+        "joint_front": the front over all of them}).
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     aggregated = aggregate(points)
     front = fronts(aggregated)
+    joint = pareto_front(aggregated)
     algorithms = sorted({p["algorithm"] for p in points})
     agents = sorted({p["agent"] for p in points})
     colors = {a: f"C{i % 10}" for i, a in enumerate(algorithms)}
     markers = {a: MARKERS[i % len(MARKERS)] for i, a in enumerate(agents)}
 
-    fig = Figure(figsize=(7, 5.5), constrained_layout=True)
+    fig = Figure(figsize=(8.5, 5.5), constrained_layout=True)
     FigureCanvasAgg(fig)
     ax = fig.subplots()
     several_seeds = any(row["n"] > 1 for row in aggregated)
+    if len(joint) > 0:
+        ax.plot([r["x"] for r in joint], [r["y"] for r in joint], color="0.6", lw=7, alpha=0.35, marker="o", ms=16,
+                solid_capstyle="round", zorder=0, label="joint front (all methods)")  # fmt: skip
     if several_seeds:  # the single-seed points, faintly, behind their means
-        for p in points:
-            ax.scatter(p["x"], p["y"], color=colors[p["algorithm"]], marker=markers[p["agent"]], alpha=0.25, s=18)
-    for row in aggregated:
-        spread = row["n"] > 1
-        ax.errorbar(
-            row["x"],
-            row["y"],
-            xerr=row["task_reward_std"] if spread else None,
-            yerr=row["kl_std"] if spread else None,
-            color=colors[row["algorithm"]],
-            marker=markers[row["agent"]],
-            mec="k",
-            ms=7,
-            capsize=3,
-            linestyle="none",
-        )
-        if row["kl_coef"] is not None:
-            ax.annotate(
-                f"{row['kl_coef']:g}",
-                (row["x"], row["y"]),
-                textcoords="offset points",
-                xytext=(5, 4),
-                fontsize=7,
-                color=colors[row["algorithm"]],
+        xs, ys = [p["x"] for p in points], [p["y"] for p in points]
+        ax.scatter(xs, ys, color=[colors[p["algorithm"]] for p in points], alpha=0.25, s=18, label="single seeds")
+    for algorithm in algorithms:
+        for agent in agents:
+            rows = [r for r in aggregated if r["algorithm"] == algorithm and r["agent"] == agent]
+            if not rows:
+                continue
+            spread = any(r["n"] > 1 for r in rows)
+            ax.errorbar(
+                [r["x"] for r in rows],
+                [r["y"] for r in rows],
+                xerr=[r["task_reward_std"] for r in rows] if spread else None,
+                yerr=[r["kl_std"] for r in rows] if spread else None,
+                color=colors[algorithm],
+                marker=markers[agent],
+                mec="k",
+                ms=7,
+                capsize=3,
+                linestyle="none",
+                label=f"{figures.ALGORITHM_NAMES.get(algorithm, algorithm)} · {agent}",
             )
+            for row in rows:
+                if row["kl_coef"] is not None:
+                    ax.annotate(f"{row['kl_coef']:g}", (row["x"], row["y"]), textcoords="offset points",
+                                xytext=(6, 5), fontsize=7, color=colors[algorithm])  # fmt: skip
     for algorithm, rows in front.items():
-        ax.plot([r["x"] for r in rows], [r["y"] for r in rows], color=colors[algorithm], lw=1.5, alpha=0.8)
-    for algorithm in algorithms:  # legend: colour = algorithm (its front), marker = agent
-        ax.plot([], [], color=colors[algorithm], lw=1.5, label=f"{algorithm} front")
-    for agent in agents:
-        ax.plot([], [], color="0.4", marker=markers[agent], linestyle="none", label=agent)
-    ax.legend(fontsize=8, loc="lower left")
-    ax.set_xlabel("eval task reward")
-    ax.set_ylabel("− eval KL per sequence")
+        name = figures.ALGORITHM_NAMES.get(algorithm, algorithm)
+        ax.plot([r["x"] for r in rows], [r["y"] for r in rows], color=colors[algorithm], lw=1.5, alpha=0.8,
+                marker="o", ms=14, mfc="none", mew=1.2, label=f"{name} front (ringed)")  # fmt: skip
+    figures.outside_legend(ax, title="η next to each point", title_fontsize=8)
+    unit = figures.shared([figures.RunInfo(reward_unit=p.get("reward_unit")) for p in points], "reward_unit")
+    ax.set_xlabel(figures.with_unit("held-out task reward", unit))
+    ax.set_ylabel(figures.with_unit("− held-out KL_seq", figures.KL_UNIT))
     ax.grid(alpha=0.3)
-    ax.set_title(title or ("KL-reward frontier" + (" (mean ± std over seeds)" if several_seeds else "")))
-    return fig, {"aggregated": aggregated, "fronts": front}
+    infos = [
+        figures.RunInfo(algorithm=figures.ALGORITHM_NAMES.get(p["algorithm"], p["algorithm"]), task=p.get("task"),
+                        experiment=p.get("experiment"), seed=p["seed"] if isinstance(p["seed"], int) else None)
+        for p in points
+    ]  # fmt: skip
+    note = figures.seeds_note(row["n"] for row in aggregated) + (" ± std" if several_seeds else "")
+    ax.set_title(figures.title(infos, heading=title or "KL–reward frontier", note=note), fontsize=10)
+    return fig, {"aggregated": aggregated, "fronts": front, "joint_front": joint}
 
 
 def plot_frontier(points: list[dict], out_png: str | Path, title: str | None = None) -> dict:
     """`draw_frontier` saved to `out_png`; returns its seed means and fronts."""
     fig, result = draw_frontier(points, title)
-    out_png = Path(out_png)
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=120)
+    figures.save(fig, out_png, dpi=120)
     return result
 
 

@@ -1,16 +1,20 @@
-"""Training curves from a run's `metrics.jsonl` (written by `cory.loggers.JsonlLogger`) as one PNG.
+"""Training curves of one run's `metrics.jsonl` (written by `cory.loggers.JsonlLogger`) as one PNG.
 
 `plot_curves(metrics_jsonl, out_png)` draws four panels against the training iteration:
 
 1. task reward: `train/<agent>/task_reward` lines per agent, `eval/<agent>/task_reward` as markers, and the
    by-role CORY curves `train/{pioneer,observer}/task_reward` dashed;
-2. KL per sequence: `train/<agent>/kl` (plus `eval/<agent>/kl` markers and the by-role curves);
-3. combined reward r − η_eval·KL_seq: `train/<agent>/combined_reward` lines, `eval/<agent>/combined_reward` markers;
+2. KL_seq to π0 in nats: `train/<agent>/kl` (plus `eval/<agent>/kl` markers and the by-role curves);
+3. combined reward r − η_eval·KL_seq, with the run's η_eval: `train/<agent>/combined_reward` lines,
+   `eval/<agent>/combined_reward` markers;
 4. KL coefficient β: `train/<agent>/kl_coef`.
 
-Agents are discovered from the keys, so the same function serves PPO (one agent) and CORY (llm1, llm2). Missing
-keys, `null` values, malformed lines and single-row files are all tolerated; an empty panel says "no data".
-Uses matplotlib's Agg canvas directly (no pyplot state, no display needed).
+Title, axis units, the legend (below the panels) and the role-swap marks (CORY's logged `cory/swaps`) follow
+`cory.figures`, reading the run's `run_config.yaml` / `summary.json` beside the metrics. `smooth` > 1 draws a
+trailing moving mean over that many iterations with the raw curve faint behind. Agents are discovered from the
+keys, so the same function serves PPO (one agent) and CORY (llm1, llm2). Missing keys, `null` values, malformed
+lines and single-row files are all tolerated; an empty panel says "no data". Uses matplotlib's Agg canvas directly
+(no pyplot state, no display needed).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from cory import figures
 from cory.loggers import read_metrics
 from cory.metrics import ROLES, eval_key, role_key, train_key
 
@@ -54,51 +59,82 @@ def discover_agents(keys) -> list[str]:
     return sorted(agents)
 
 
-def plot_curves(metrics_jsonl: Path, out_png: Path) -> None:
-    """Write the four-panel training-curve figure of `metrics_jsonl` to `out_png`."""
+def swaps(data: Series) -> list[int]:
+    """The iterations that start in new roles, from the logged `cory/swaps` counter (none for other algorithms)."""
+    return figures.swap_iterations(*data[figures.SWAPS_KEY]) if figures.SWAPS_KEY in data else []
+
+
+def panel_labels(info: figures.RunInfo) -> dict[str, tuple[str, str]]:
+    """metric → (panel title, y label with its unit) for a run."""
+    unit, eta = info.reward_unit, info.eval_kl_coef
+    per_nat = f"{unit} per nat" if unit else None
+    return {
+        "task_reward": ("task reward", figures.with_unit("task reward", unit)),
+        "kl": ("KL_seq to π0", figures.with_unit("KL_seq", figures.KL_UNIT)),
+        "combined_reward": (
+            "combined reward r − η_eval·KL_seq" + (f", η_eval = {eta:g}" if eta is not None else ""),
+            figures.with_unit("r − η_eval·KL_seq", unit),
+        ),
+        "kl_coef": ("KL coefficient β", figures.with_unit("β", per_nat)),
+    }
+
+
+def draw_line(ax, xs, ys, smooth: int, **style) -> None:
+    """A training curve; with `smooth` > 1 its moving mean, the raw values faint and unlabelled behind it."""
+    if smooth > 1 and len(ys) > 1:
+        ax.plot(xs, ys, color=style.get("color"), ls=style.get("ls", "-"), lw=0.8, alpha=0.25)
+        ys = figures.moving_mean(ys, smooth)
+    ax.plot(xs, ys, marker="." if len(xs) < 3 else None, **style)
+
+
+def draw_curves(metrics_jsonl: Path, smooth: int = 0, info: figures.RunInfo | None = None) -> Figure:
+    """The four-panel figure of `metrics_jsonl` (`info`: what the run is; default: read beside the metrics)."""
+    metrics_jsonl = Path(metrics_jsonl)
     data = series(read_metrics(metrics_jsonl))
+    info = info or figures.read_run_info(metrics_jsonl.parent)
     agents = discover_agents(data)
     colors = {agent: f"C{i % 10}" for i, agent in enumerate(agents)}
     role_styles = {"pioneer": ("k", "--"), "observer": ("0.5", ":")}
+    swap_steps = swaps(data)
+    labels = panel_labels(info)
 
-    fig = Figure(figsize=(12, 8), constrained_layout=True)
+    fig = Figure(figsize=(12, 8.5), constrained_layout=True)
     FigureCanvasAgg(fig)
     axes = fig.subplots(2, 2, sharex=True)
-    panels = [
-        (axes[0, 0], "task_reward", "task reward", True, True),
-        (axes[0, 1], "kl", "KL per sequence (vs π0)", True, True),
-        (axes[1, 0], "combined_reward", "combined reward r − η_eval·KL", True, False),
-        (axes[1, 1], "kl_coef", "KL coefficient β", False, False),
-    ]
-    for ax, name, title, with_eval, with_roles in panels:
+    panels = [(axes[0, 0], "task_reward", True, True), (axes[0, 1], "kl", True, True),
+              (axes[1, 0], "combined_reward", True, False), (axes[1, 1], "kl_coef", False, False)]  # fmt: skip
+    for ax, name, with_eval, with_roles in panels:
         drawn = False
         for agent in agents:
-            key = train_key(agent, name)
-            if key in data:
-                xs, ys = data[key]
-                ax.plot(xs, ys, color=colors[agent], marker="." if len(xs) < 3 else None, label=f"{agent} train")
+            if train_key(agent, name) in data:
+                xs, ys = data[train_key(agent, name)]
+                draw_line(ax, xs, ys, smooth, color=colors[agent], label=f"{agent} train")
                 drawn = True
             if with_eval and eval_key(agent, name) in data:
                 xs, ys = data[eval_key(agent, name)]
-                ax.plot(xs, ys, color=colors[agent], marker="o", linestyle="none", mec="k", label=f"{agent} eval")
+                ax.plot(xs, ys, color=colors[agent], marker="o", linestyle="none", mec="k", label=f"{agent} held-out")
                 drawn = True
-        if with_roles:
-            for role in ROLES:
-                key = role_key(role, name)
-                if key in data:
-                    xs, ys = data[key]
-                    color, style = role_styles[role]
-                    ax.plot(xs, ys, color=color, linestyle=style, lw=1, alpha=0.8, label=f"{role} (by role)")
-                    drawn = True
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
+        for role in ROLES if with_roles else ():
+            if role_key(role, name) in data:
+                xs, ys = data[role_key(role, name)]
+                color, style = role_styles[role]
+                draw_line(ax, xs, ys, smooth, color=color, ls=style, lw=1, alpha=0.8, label=f"{role} (by role)")
+                drawn = True
         if drawn:
-            ax.legend(fontsize=8)
+            figures.mark_swaps(ax, swap_steps)
         else:
-            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="0.5")
+            figures.no_data(ax)
+        ax.set_title(labels[name][0])
+        ax.set_ylabel(labels[name][1])
+        ax.grid(alpha=0.3)
     for ax in axes[1]:
-        ax.set_xlabel("iteration")
-    fig.suptitle(Path(metrics_jsonl).parent.name or str(metrics_jsonl))
-    out_png = Path(out_png)
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=100)
+        ax.set_xlabel("training iteration")
+    figures.figure_legend(fig, axes.flat)
+    note = f"lines: moving mean over {smooth} iterations (raw faint)" if smooth > 1 else ""
+    fig.suptitle(figures.title([info], note=note, fallback=metrics_jsonl.parent.name or str(metrics_jsonl)))
+    return fig
+
+
+def plot_curves(metrics_jsonl: Path, out_png: Path, smooth: int = 0, info: figures.RunInfo | None = None) -> None:
+    """Write the four-panel training-curve figure of `metrics_jsonl` to `out_png` (see `draw_curves`)."""
+    figures.save(draw_curves(metrics_jsonl, smooth, info), out_png, dpi=100)

@@ -1,6 +1,7 @@
 """The paper's curve figures (Figs. 3, 4, 6) from local run folders: mean over seeds with a min–max seed band.
 
     python scripts/plot_curves.py SWEEP_DIR [MORE_DIRS ...] [--out PREFIX] [--last 5] [--where KEY=VALUE ...]
+    python scripts/plot_curves.py --from-json PREFIX.json [--out PREFIX]      # redraw from the saved arrays
 
 Every folder below the given ones that holds a `metrics.jsonl` is a run (`--where KEY=VALUE` keeps only the runs
 with that setting). Runs are grouped by everything but the seed: their command-line overrides
@@ -12,14 +13,19 @@ its resolved `run_config.yaml` instead. A group is labelled by the settings that
 Three panels against the training iteration, as in the paper: task reward, KL_seq to π0 and the combined reward
 r − η_eval·KL_seq. One line per (group, agent) from the training rollouts (`train/<agent>/...`, each agent in its
 current role, docs/method.md §1.6), the mean over seeds with a shaded band from the lowest to the highest seed
-(min–max: with 2–3 seeds a standard deviation says little); the held-out evaluations (`eval/<agent>/...`) are
-markers with min–max error bars. Writes PREFIX.png, PREFIX.pdf and PREFIX.json (every plotted array), and prints
-each curve's final held-out value and its training mean over the last `--last` iterations.
+(min–max: with 2–3 seeds a standard deviation says little; a single seed has no band and the title says "one
+seed"); the held-out evaluations (`eval/<agent>/...`) are markers with min–max error bars. CORY's role swaps (the
+logged `cory/swaps`) are vertical lines; `--smooth N` draws a moving mean over N iterations, the raw mean faint.
+Title, units (from the task of the runs' `run_config.yaml`) and legend follow `cory.figures`. Writes PREFIX.png,
+PREFIX.pdf and PREFIX.json (every plotted array, with what the runs are and their swaps, so `--from-json`
+redraws the figure), and prints each curve's final held-out value and its training mean over the last `--last`
+iterations. Nothing to plot, or an output that cannot be written, is one line on stderr and a non-zero exit.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -29,10 +35,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `python scripts/plot_curves.py` runs from the checkout
 
+from cory import figures  # noqa: E402
 from cory.loggers import read_metrics  # noqa: E402
-from cory.plotting import discover_agents, series  # noqa: E402
+from cory.plotting import discover_agents, panel_labels, series, swaps  # noqa: E402
 
-PANELS = (("task_reward", "task reward"), ("kl", "KL per sequence (vs π0)"), ("combined_reward", "r − η_eval·KL"))
+PANELS = ("task_reward", "kl", "combined_reward")
 # Overrides that say how or where a run ran, not what it learns (hardware never changes the result).
 NOT_SETTINGS = ("seed", "sweep", "logger", "hardware", "progress", "cache_dir", "resume", "hydra")
 LINESTYLES = ("-", "--", ":", "-.")
@@ -116,7 +123,7 @@ def curves(groups: dict[str, list[Path]]) -> list[dict]:
         data = [series(read_metrics(run / "metrics.jsonl")) for run in runs]
         for agent in discover_agents({k for d in data for k in d}):
             for split in ("train", "eval"):
-                for metric, _ in PANELS:
+                for metric in PANELS:
                     key = f"{split}/{agent}/{metric}"
                     per_seed = [d[key] for d in data if key in d]
                     if per_seed:
@@ -127,50 +134,81 @@ def curves(groups: dict[str, list[Path]]) -> list[dict]:
     return out
 
 
-def plot(curve_list: list[dict], out_prefix: Path, title: str = "") -> dict:
-    """Draw the three panels; returns {"axes": {metric: Axes}, "files": [png, pdf]} (the test reads the axes)."""
+def describe_groups(groups: dict[str, list[Path]]) -> dict[str, dict]:
+    """label → {"runs": what each run is (`cory.figures.RunInfo` as a dict), "swaps": the iterations that start in
+    new roles, from the runs' logged `cory/swaps` (their union; the seeds of a group share the swap period)}."""
+    out = {}
+    for label, runs in groups.items():
+        steps = sorted({k for run in runs for k in swaps(series(read_metrics(run / "metrics.jsonl")))})
+        out[label] = {"runs": [dataclasses.asdict(figures.read_run_info(run)) for run in runs], "swaps": steps}
+    return out
+
+
+def plot(curve_list: list[dict], out_prefix: Path, title: str = "", groups: dict | None = None, smooth: int = 0):
+    """Draw the three panels; returns {"axes": {metric: Axes}, "files": [png, pdf], "figure"} (tests read them).
+
+    `groups`: `describe_groups`' output (title, units, η_eval and swap marks); `title` replaces the heading.
+    """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    groups = groups or {}
+    infos = [figures.RunInfo(**run) for g in groups.values() for run in g["runs"]]
+    info = figures.RunInfo(**{f.name: figures.shared(infos, f.name) for f in dataclasses.fields(figures.RunInfo)})
     labels = list(dict.fromkeys(c["label"] for c in curve_list))
     agents = list(dict.fromkeys(c["agent"] for c in curve_list))
     colors = {label: f"C{i % 10}" for i, label in enumerate(labels)}
     styles = {agent: LINESTYLES[i % len(LINESTYLES)] for i, agent in enumerate(agents)}
     markers = {agent: MARKERS[i % len(MARKERS)] for i, agent in enumerate(agents)}
+    names = panel_labels(info)
+    swapping = {label: g["swaps"] for label, g in groups.items() if g.get("swaps")}
 
-    fig = Figure(figsize=(15, 4.5), constrained_layout=True)
+    fig = Figure(figsize=(15, 5.2), constrained_layout=True)
     FigureCanvasAgg(fig)
-    axes = dict(zip((m for m, _ in PANELS), fig.subplots(1, len(PANELS))))
-    for (metric, name), ax in zip(PANELS, axes.values()):
+    axes = dict(zip(PANELS, fig.subplots(1, len(PANELS))))
+    for metric, ax in axes.items():
         for c in (c for c in curve_list if c["metric"] == metric):
-            color, name_ = colors[c["label"]], f"{c['label']} · {c['agent']}"
+            color, name = colors[c["label"]], f"{c['label']} · {c['agent']}"
+            several = [n > 1 for n in c["seeds"]]
             if c["split"] == "train":
-                ax.plot(c["iterations"], c["mean"], color=color, ls=styles[c["agent"]], lw=1.5, label=name_)
-                ax.fill_between(c["iterations"], c["low"], c["high"], color=color, alpha=0.2, lw=0)
+                mean = c["mean"]
+                if smooth > 1 and len(mean) > 1:
+                    ax.plot(c["iterations"], mean, color=color, ls=styles[c["agent"]], lw=0.8, alpha=0.3)
+                    mean = figures.moving_mean(mean, smooth)
+                ax.plot(c["iterations"], mean, color=color, ls=styles[c["agent"]], lw=1.5, label=name)
+                if any(several):  # a band only where two or more seeds logged the iteration
+                    ax.fill_between(c["iterations"], c["low"], c["high"], where=several, color=color, alpha=0.2,
+                                    lw=0, interpolate=False)  # fmt: skip
             else:
                 err = [[m - lo for m, lo in zip(c["mean"], c["low"])], [hi - m for m, hi in zip(c["mean"], c["high"])]]
                 ax.errorbar(
                     c["iterations"],
                     c["mean"],
-                    yerr=err,
+                    yerr=err if any(several) else None,
                     color=color,
                     marker=markers[c["agent"]],
                     mec="k",
                     ms=5,
                     ls="none",
                     capsize=2,
-                    label=f"{name_} (held-out)",
+                    label=f"{name} (held-out)",
                 )
-        ax.set_title(name)
-        ax.set_xlabel("iteration")
+        for label, steps in swapping.items():
+            figures.mark_swaps(ax, steps, label=f"role swap ({label})" if len(swapping) > 1 else "role swap")
+        ax.set_title(names[metric][0])
+        ax.set_ylabel(names[metric][1])
+        ax.set_xlabel("training iteration")
         ax.grid(alpha=0.3)
-    axes[PANELS[0][0]].legend(fontsize=7)
-    fig.suptitle((title + "  " if title else "") + "(mean over seeds; band and bars: min–max)", fontsize=10)
-    files = [Path(f"{out_prefix}.png"), Path(f"{out_prefix}.pdf")]
-    out_prefix.parent.mkdir(parents=True, exist_ok=True)
-    for path in files:
-        fig.savefig(path, dpi=110)
-    return {"axes": axes, "files": files}
+    figures.figure_legend(fig, axes.values(), fontsize=7)
+    counts = [max(c["seeds"]) for c in curve_list if c["seeds"]]
+    note = figures.seeds_note(counts)
+    if note != "one seed":
+        note += "; band and bars: min–max over seeds"
+    if smooth > 1:
+        note += f"; lines: moving mean over {smooth} iterations (raw faint)"
+    fig.suptitle(figures.title(infos, heading=title, note=note), fontsize=10)
+    files = figures.save(fig, [Path(f"{out_prefix}.png"), Path(f"{out_prefix}.pdf")], dpi=110)
+    return {"axes": axes, "files": files, "figure": fig}
 
 
 def final_table(curve_list: list[dict], last: int) -> str:
@@ -187,30 +225,81 @@ def final_table(curve_list: list[dict], last: int) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows)
 
 
+def select_runs(dirs: Sequence[Path], where: Sequence[str]) -> tuple[list[Path], str | None]:
+    """The runs under `dirs` with every `--where` setting, or ([], one line saying what was searched and why
+    nothing matched)."""
+    missing = [str(d) for d in dirs if not Path(d).exists()]
+    if missing:
+        return [], f"error: no such folder: {', '.join(missing)}"
+    found = discover_runs(dirs)
+    searched = ", ".join(map(str, dirs))
+    if not found:
+        return [], (
+            f"error: no run (a folder holding metrics.jsonl) under {searched}; "
+            "pass the folders that `python -m cory.train` or scripts/run_sweep.py wrote"
+        )
+    wanted = dict(w.split("=", 1) for w in where)
+    settings = {run: run_settings(run) for run in found}
+    runs = [r for r in found if all(settings[r].get(k) == v for k, v in wanted.items())]
+    if not runs:
+        seen = {k: sorted({s.get(k, "(unset)") for s in settings.values()}) for k in wanted}
+        have = "; ".join(f"{k} is {', '.join(v)}" for k, v in seen.items())
+        return [], (
+            f"error: {len(found)} runs under {searched}, none with {' '.join(where)} ({have}); "
+            "change --where to one of these values"
+        )
+    return runs, None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("dirs", nargs="+", type=Path, help="sweep or run folders searched for metrics.jsonl")
+    parser.add_argument("dirs", nargs="*", type=Path, help="sweep or run folders searched for metrics.jsonl")
+    parser.add_argument("--from-json", type=Path, default=None, help="redraw from a PREFIX.json this script wrote")
     parser.add_argument("--out", type=Path, default=None, help="output prefix (default: <first dir>/sweep_curves)")
     parser.add_argument("--last", type=int, default=5, help="iterations averaged for the printed training value")
-    parser.add_argument("--title", default=None)
+    parser.add_argument("--smooth", type=int, default=0, help="moving mean over N iterations (raw kept faint)")
+    parser.add_argument("--title", default=None, help="heading above the description of the runs")
     parser.add_argument(
         "--where", action="append", default=[], metavar="KEY=VALUE", help="keep runs with this setting (repeatable)"
     )
     args = parser.parse_args(argv)
+    if bool(args.dirs) == bool(args.from_json):
+        parser.error("give run/sweep folders or --from-json PREFIX.json (one of the two)")
+    if any("=" not in w for w in args.where):
+        parser.error("--where takes KEY=VALUE")
 
-    wanted = dict(w.split("=", 1) for w in args.where)
-    runs = [r for r in discover_runs(args.dirs) if all(run_settings(r).get(k) == v for k, v in wanted.items())]
-    if not runs:
-        print(f"no run (metrics.jsonl) under {', '.join(map(str, args.dirs))}", file=sys.stderr)
+    if args.from_json:
+        try:
+            saved = json.loads(args.from_json.read_text(encoding="utf-8"))
+            shared, curve_list, groups = saved["shared"], saved["curves"], saved.get("groups", {})
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            print(
+                f"error: cannot read {args.from_json} as a curves JSON ({type(err).__name__}: {err})", file=sys.stderr
+            )
+            return 1
+        out = args.out or args.from_json.with_suffix("")
+        n_runs = sum(len(g["runs"]) for g in groups.values())
+    else:
+        runs, problem = select_runs(args.dirs, args.where)
+        if problem:
+            print(problem, file=sys.stderr)
+            return 1
+        run_groups, shared = group_runs(runs)
+        curve_list, groups = curves(run_groups), describe_groups(run_groups)
+        out, n_runs = args.out or args.dirs[0] / "sweep_curves", len(runs)
+    if not curve_list:
+        print("error: the runs logged no task_reward, kl or combined_reward to plot", file=sys.stderr)
         return 1
-    groups, shared = group_runs(runs)
-    curve_list = curves(groups)
-    out = args.out or args.dirs[0] / "sweep_curves"
-    title = args.title if args.title is not None else " ".join(f"{k}={v}" for k, v in sorted(shared.items()))
-    result = plot(curve_list, out, title)
-    Path(f"{out}.json").write_text(json.dumps({"shared": shared, "curves": curve_list}, indent=1))
+    try:
+        result = plot(curve_list, out, args.title or "", groups, args.smooth)
+        payload = {"shared": shared, "curves": curve_list, "groups": groups}
+        Path(f"{out}.json").write_text(json.dumps(payload, indent=1))
+    except OSError as err:
+        print(figures.write_error(err), file=sys.stderr)
+        return 2
     print(final_table(curve_list, args.last))
-    print(f"{len(runs)} runs in {len(groups)} groups → {', '.join(map(str, result['files']))}")
+    print(f"{n_runs} runs in {len(groups) or len({c['label'] for c in curve_list})} groups → "
+          f"{', '.join(map(str, result['files']))}")  # fmt: skip
     return 0
 
 

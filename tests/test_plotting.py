@@ -151,7 +151,7 @@ def test_frontier_cli(sweep, tmp_path):
     assert pf.main([str(sweep), "--out", str(out), "--json", str(js)]) == 0
     assert _is_png(out)
     result = json.loads(js.read_text())
-    assert set(result) == {"points", "aggregated", "fronts"} and len(result["points"]) == 9
+    assert set(result) == {"points", "aggregated", "fronts", "joint_front"} and len(result["points"]) == 9
     assert pf.main([str(tmp_path / "empty_dir_that_is_missing"), "--out", str(tmp_path / "x.png")]) == 1
 
 
@@ -169,7 +169,9 @@ def test_frontier_cli_subprocess(sweep, tmp_path):
 
 def _errorbar_xy(ax) -> list[tuple[float, float]]:
     """The (x, y) of every errorbar marker drawn on `ax`, in drawing order."""
-    return [(float(c.lines[0].get_xdata()[0]), float(c.lines[0].get_ydata()[0])) for c in ax.containers]
+    return [
+        (float(x), float(y)) for c in ax.containers for x, y in zip(c.lines[0].get_xdata(), c.lines[0].get_ydata())
+    ]
 
 
 def test_frontier_draws_the_seed_means_and_fronts_of_the_runs(sweep):
@@ -181,14 +183,23 @@ def test_frontier_draws_the_seed_means_and_fronts_of_the_runs(sweep):
     expected = [(1.6, -3.0), (1.2, -5.1), (1.1, -4.1), (0.6, -1.1)]
     np.testing.assert_allclose(_errorbar_xy(ax), expected)
     # Every single-seed point is drawn behind its mean.
-    scattered = sorted(tuple(map(float, c.get_offsets()[0])) for c in ax.collections if isinstance(c, PathCollection))
+    scattered = sorted(
+        tuple(map(float, xy)) for c in ax.collections if isinstance(c, PathCollection) for xy in c.get_offsets()
+    )
     np.testing.assert_allclose(scattered, sorted((p["x"], p["y"]) for p in points))
-    # The fronts (the solid lines): PPO through both of its means, CORY through LLM1's (LLM2's is dominated).
-    fronts = [np.column_stack([ln.get_xdata(), ln.get_ydata()]) for ln in ax.lines if ln.get_linestyle() == "-"]
-    assert [f.shape[0] for f in fronts if len(f)] == [1, 2]  # cory, ppo
+    # The fronts (ringed lines): PPO through both of its means, CORY through LLM1's (LLM2's is dominated).
+    fronts = [
+        np.column_stack([ln.get_xdata(), ln.get_ydata()])
+        for ln in ax.lines
+        if ln.get_label().endswith("front (ringed)")
+    ]
+    assert [f.shape[0] for f in fronts] == [1, 2]  # cory, ppo
     np.testing.assert_allclose(fronts[0], [(1.6, -3.0)])
     np.testing.assert_allclose(fronts[1], [(0.6, -1.1), (1.1, -4.1)])
     assert [r["agent"] for r in result["fronts"]["cory"]] == ["llm1"]
+    # The joint front over both methods' means: PPO's η=0.3 point and CORY's LLM1 (PPO's η=0.1 is dominated by it).
+    (joint,) = [ln for ln in ax.lines if ln.get_label() == "joint front (all methods)"]
+    np.testing.assert_allclose(np.column_stack([joint.get_xdata(), joint.get_ydata()]), [(0.6, -1.1), (1.6, -3.0)])
 
 
 def test_collect_skips_runs_that_stopped_early(tmp_path):

@@ -5,6 +5,9 @@ Reads the run's `metrics.jsonl` (its `maft/eval/...` rows: one per round, round 
 1. held-out accuracy ± s.e. of the final-round vote, the round-1 majority and a single sample;
 2. each agent's held-out accuracy (genN: round 1, criticN: last round);
 3. diversity: the fraction of problems where the agents disagree, and the embedding dissimilarity, per debate round.
+
+Title (what the run is, from its `run_config.yaml` / `summary.json`), legends beside each panel and plain tick labels
+follow `cory.figures`.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from cory import figures
 from cory.loggers import read_metrics
 from cory.plotting import series
 
@@ -24,10 +28,12 @@ _ACCURACIES = {
 }
 
 
-def plot_maft_curves(metrics_jsonl: Path, out_png: Path) -> None:
-    """Write the three-panel figure of `metrics_jsonl` to `out_png`."""
+def plot_maft_curves(metrics_jsonl: Path, out_png: Path, info: figures.RunInfo | None = None) -> None:
+    """Write the three-panel figure of `metrics_jsonl` to `out_png` (`info`: the run; default: read beside it)."""
+    metrics_jsonl = Path(metrics_jsonl)
     data = series(read_metrics(metrics_jsonl))
-    fig = Figure(figsize=(14, 4), constrained_layout=True)
+    info = info or figures.read_run_info(metrics_jsonl.parent)
+    fig = Figure(figsize=(17, 4.5), constrained_layout=True)
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, 3)
     for key, label in _ACCURACIES.items():
@@ -47,11 +53,16 @@ def plot_maft_curves(metrics_jsonl: Path, out_png: Path) -> None:
         rounds, values = data[key]
         axes[2].plot(rounds, values, marker="o", label=key.rsplit("/", 1)[-1])
     titles = ("held-out accuracy ± s.e.", "per-agent held-out accuracy", "diversity between agents")
-    for ax, title in zip(axes, titles):
+    ylabels = ("accuracy (fraction correct)", "accuracy (fraction correct)", "disagreement (fraction) · 1 − cosine")
+    for ax, title, ylabel in zip(axes, titles, ylabels):
         ax.set_title(title)
+        ax.set_ylabel(ylabel)
         ax.set_xlabel("fine-tuning round (0: base agents)")
+        ax.xaxis.get_major_locator().set_params(integer=True)  # rounds are whole numbers
+        ax.grid(alpha=0.3)
         if ax.has_data():
-            ax.legend(fontsize=7)
+            figures.outside_legend(ax, fontsize=7)
         else:
-            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
-    fig.savefig(out_png, dpi=100)
+            figures.no_data(ax)
+    fig.suptitle(figures.title([info], fallback=metrics_jsonl.parent.name))
+    figures.save(fig, out_png, dpi=100)
