@@ -41,6 +41,7 @@ from cory.errors import ConfigError
 from cory.metrics import AGENT_PLACEHOLDER, role_key
 from cory.ppo.metrics import agent_metrics, headline, nonfinite, sample_rows
 from cory.ppo.rollout import Rollout
+from cory.preemption import abandonable
 from cory.tasks.base import SafeScorer
 
 SCHEDULES = ("role_swap", "simultaneous", "interleaved")
@@ -294,17 +295,19 @@ class SharedPolicyCORY:
         policy = self.team.agents["llm1"]
         queries, max_new_tokens = self.team.batch(iteration)
         gen, batch, t0 = self.task.generation_kwargs, self.team.generation_batch_size, time.perf_counter()
-        # 1. the policy as pioneer: a1 ~ π_θ(· | x_P)
-        pio = policy.act([self.task.pioneer_prompt(q) for q in queries], max_new_tokens, gen, batch)
-        # 2. the same policy as observer: a2 ~ π_θ(· | T_obs(q, a1)) (or the query alone without knowledge transfer)
-        if self.knowledge_transfer:
-            obs_prompts = [self.task.observer_prompt(q, a1) for q, a1 in zip(queries, pio.responses)]
-        else:
-            obs_prompts = [self.task.pioneer_prompt(q) for q in queries]
-        obs = policy.act(obs_prompts, max_new_tokens, gen, batch)
-        # 3. task rewards on the original query; 4. collective rewards (Eq. 4)
-        r1, failed1 = self.scorer(queries, pio.responses)
-        r2, failed2 = self.scorer(queries, obs.responses)
+        with abandonable():  # a stop signal drops the iteration up to step 3: nothing a checkpoint holds has changed
+            # 1. the policy as pioneer: a1 ~ π_θ(· | x_P)
+            pio = policy.act([self.task.pioneer_prompt(q) for q in queries], max_new_tokens, gen, batch)
+            # 2. the same policy as observer: a2 ~ π_θ(· | T_obs(q, a1)) (or the query alone without knowledge
+            # transfer)
+            if self.knowledge_transfer:
+                obs_prompts = [self.task.observer_prompt(q, a1) for q, a1 in zip(queries, pio.responses)]
+            else:
+                obs_prompts = [self.task.pioneer_prompt(q) for q in queries]
+            obs = policy.act(obs_prompts, max_new_tokens, gen, batch)
+            # 3. task rewards on the original query; 4. collective rewards (Eq. 4)
+            r1, failed1 = self.scorer(queries, pio.responses)
+            r2, failed2 = self.scorer(queries, obs.responses)
         R_pio = [self.w_self * a + self.w_other * b for a, b in zip(r1, r2)]
         R_obs = [self.w_self * b + self.w_other * a for a, b in zip(r1, r2)]
         t1 = time.perf_counter()

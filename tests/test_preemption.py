@@ -1,0 +1,317 @@
+"""Pre-emption: a stop signal saves the last completed iteration within seconds, and the run continues by itself.
+
+- SIGTERM / SIGUSR1 / SIGINT while an iteration generates or scores: the iteration is dropped (its draws from the
+  global RNGs put back), the last completed one is checkpointed, and the resumed run's metrics equal an
+  uninterrupted run's. In the update, the iteration finishes first. During an evaluation, it is left owed.
+- A subprocess whose reward never returns still exits within seconds of the signal (the old behaviour, finishing
+  the iteration, would hang).
+- A handler installed before the run (submitit's, which requeues the job) gets the signal after the checkpoint.
+- Requeue: a restarted SLURM job (`SLURM_RESTART_COUNT`, the same `SLURM_JOB_ID`) running the same command again
+  continues its run; any other start in that folder is still refused.
+- `hydra/launcher=slurm_requeue` composes, requeues on timeout and asks SLURM for the signal and `--requeue`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from helpers.compose import compose_cfg
+from helpers.hang import start_hanging
+from helpers.runners import (
+    assert_same_rows,
+    read_rows,
+    resume,
+    resume_run,
+    run_cli,
+    run_main,
+    smoke,
+    start_run,
+)
+
+import cory.ppo.learner
+import cory.trainer
+from cory import preemption, runs
+from cory.algorithms.cory import CORY
+from cory.algorithms.ppo import PPO
+from cory.checkpoints import latest_checkpoint
+from cory.errors import ConfigError
+from cory.tasks.toy import ToyTask
+from cory.train import train
+
+CORY_ARGS = ["algorithm=cory", "algorithm.swap_period=1"]  # a role swap after every iteration, across the stop
+_REFERENCE: dict[str, list[dict]] = {}
+
+
+def reference_rows(tmp_path_factory, algorithm: str) -> list[dict]:
+    """metrics.jsonl of an uninterrupted smoke run (4 iterations, evaluation and checkpoint every 2)."""
+    if algorithm not in _REFERENCE:
+        run_dir = tmp_path_factory.mktemp(f"reference-{algorithm}")
+        train(smoke(run_dir, *(CORY_ARGS if algorithm == "cory" else [])), run_dir / "run")
+        _REFERENCE[algorithm] = read_rows(run_dir / "run")
+    return _REFERENCE[algorithm]
+
+
+def train_rows(run_dir: Path) -> list[int]:
+    return [r["iteration"] for r in read_rows(run_dir) if any(k.startswith("train/") for k in r)]
+
+
+def signal_during(monkeypatch, sig: signal.Signals, iteration: int, where: str) -> None:
+    """Send `sig` to this process from inside training iteration `iteration`: in its reward (after generation) or
+    in its PPO update (`where`: "score" or "learn")."""
+    current: dict[str, int | None] = {"iteration": None}
+    for cls in (PPO, CORY):
+
+        def step(self, k, _step=cls.step):
+            current["iteration"] = k
+            try:
+                return _step(self, k)
+            finally:
+                current["iteration"] = None
+
+        monkeypatch.setattr(cls, "step", step)
+    owner, name = (ToyTask, "score") if where == "score" else (cory.ppo.learner.Agent, "learn")
+    real, sent = getattr(owner, name), []
+
+    def hooked(self, *args, **kwargs):
+        if current["iteration"] == iteration and not sent:
+            sent.append(sig)
+            os.kill(os.getpid(), sig)  # Python runs the handler before the next line
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(owner, name, hooked)
+
+
+# ------------------------------------------------------------------------------------------ in-process signals
+@pytest.mark.parametrize(
+    ("algorithm", "sig"),
+    [("ppo", signal.SIGTERM), ("cory", signal.SIGUSR1), ("ppo", signal.SIGINT)],
+    ids=["ppo-sigterm", "cory-sigusr1", "ppo-sigint"],
+)
+def test_a_signal_while_scoring_drops_the_iteration_and_the_resume_equals_an_uninterrupted_run(
+    tmp_path, tmp_path_factory, monkeypatch, capsys, algorithm, sig
+):
+    want = reference_rows(tmp_path_factory, algorithm)
+    args = CORY_ARGS if algorithm == "cory" else []
+    signal_during(monkeypatch, sig, 1, "score")  # iteration 1 has sampled its responses (torch's RNG moved)
+    run_dir = tmp_path / "run"
+    summary = start_run(tmp_path, run_dir, *args)
+    assert summary["stopped_by"] == sig.name and summary["iterations"] == 1 and summary["completed"] is False
+    assert train_rows(run_dir) == [0]  # nothing of iteration 1 was logged
+    assert latest_checkpoint(run_dir).name == "iter_000001"  # the last completed iteration, saved on the signal
+    out = capsys.readouterr().out
+    dropped = "stopped after iteration 1 on a signal (iteration 2 was dropped; the resume redoes it); checkpoint saved"
+    assert dropped in out
+
+    monkeypatch.undo()
+    resume_run(run_dir)
+    assert_same_rows(read_rows(run_dir), want)  # the dropped iteration drew the same samples again
+    if algorithm == "cory":
+        assert [r["cory/swaps"] for r in read_rows(run_dir) if "cory/swaps" in r] == [0, 1, 2, 3]
+
+
+def test_without_putting_the_rngs_back_the_resume_would_differ(tmp_path, tmp_path_factory, monkeypatch):
+    """The control for the test above: the same stop, with the trainer's RNG restore disabled, changes the run."""
+    want = reference_rows(tmp_path_factory, "ppo")
+
+    @contextlib.contextmanager
+    def keep_moved_rngs():
+        outcome = cory.trainer._Outcome()
+        try:
+            yield outcome
+        except preemption.Abandoned:
+            outcome.happened = True
+
+    monkeypatch.setattr(cory.trainer, "_restore_rng_if_abandoned", keep_moved_rngs)
+    signal_during(monkeypatch, signal.SIGTERM, 1, "score")
+    run_dir = tmp_path / "run"
+    start_run(tmp_path, run_dir)
+    monkeypatch.undo()
+    resume_run(run_dir)
+    with pytest.raises(AssertionError):
+        assert_same_rows(read_rows(run_dir), want)
+
+
+def test_a_signal_in_the_update_finishes_the_iteration(tmp_path, tmp_path_factory, monkeypatch, capsys):
+    want = reference_rows(tmp_path_factory, "ppo")
+    signal_during(monkeypatch, signal.SIGTERM, 0, "learn")
+    run_dir = tmp_path / "run"
+    summary = start_run(tmp_path, run_dir)
+    assert summary["stopped_by"] == "SIGTERM" and summary["iterations"] == 1
+    assert train_rows(run_dir) == [0] and latest_checkpoint(run_dir).name == "iter_000001"
+    assert "stopped after iteration 1 on a signal; checkpoint saved" in capsys.readouterr().out
+    monkeypatch.undo()
+    resume_run(run_dir)
+    assert_same_rows(read_rows(run_dir), want)
+
+
+def test_a_signal_during_an_evaluation_leaves_it_owed(tmp_path, tmp_path_factory, monkeypatch):
+    want = reference_rows(tmp_path_factory, "ppo")
+    real_evaluate, real_score, in_eval = cory.trainer.Trainer.evaluate, ToyTask.score, []
+
+    def evaluate(self, final=False):
+        in_eval.append(self.iteration)
+        try:
+            return real_evaluate(self, final)
+        finally:
+            in_eval.remove(self.iteration)
+
+    def score(self, queries, responses):
+        if in_eval == [2]:  # the evaluation after iteration 2, between its generation and its reward
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_score(self, queries, responses)
+
+    monkeypatch.setattr(cory.trainer.Trainer, "evaluate", evaluate)
+    monkeypatch.setattr(ToyTask, "score", score)
+    run_dir = tmp_path / "run"
+    assert start_run(tmp_path, run_dir)["stopped_by"] == "SIGTERM"
+    checkpoint = latest_checkpoint(run_dir)
+    assert checkpoint.name == "iter_000002"
+    assert json.loads((checkpoint / "trainer.json").read_text())["pending_eval"] is True
+    assert [r["iteration"] for r in read_rows(run_dir) if "eval/llm1/kl" in r] == [0]
+    monkeypatch.undo()
+    resume_run(run_dir)
+    assert_same_rows(read_rows(run_dir), want)
+
+
+def test_the_handler_the_run_replaced_gets_the_signal_after_the_checkpoint(tmp_path, monkeypatch):
+    """submitit installs a SIGUSR2 handler that checkpoints the job's call, requeues it and exits: the run saves first,
+    then hands the signal on."""
+    calls = []
+
+    def scheduler(signum, _frame):
+        calls.append((signal.Signals(signum).name, latest_checkpoint(tmp_path / "run")))
+
+    previous = signal.signal(signal.SIGUSR2, scheduler)
+    try:
+        signal_during(monkeypatch, signal.SIGUSR2, 1, "score")
+        summary = start_run(tmp_path, tmp_path / "run")
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    assert summary["stopped_by"] == "SIGUSR2"
+    assert [(name, ckpt.name) for name, ckpt in calls] == [("SIGUSR2", "iter_000001")]
+
+
+# ------------------------------------------------------------------------------------------ subprocess: seconds
+@pytest.mark.slow
+def test_sigterm_exits_within_seconds_from_an_iteration_that_would_never_end(tmp_path, tmp_path_factory):
+    want = reference_rows(tmp_path_factory, "ppo")
+    run_dir = tmp_path / "run"
+    proc, out = start_hanging(run_dir, 1)
+    try:
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        exit_s = time.monotonic() - sent
+    finally:
+        proc.kill()
+    assert exit_s < 20, exit_s  # about 1 s here: the checkpoint of a tiny model, the summary and its figure
+    assert f"resume={run_dir}" in out.read_text() and latest_checkpoint(run_dir).name == "iter_000001"
+    resume(run_dir)
+    assert_same_rows(read_rows(run_dir), want)
+
+
+# ------------------------------------------------------------------------------------------ requeue
+SLURM = {"SLURM_JOB_ID": "4242"}
+
+
+@pytest.mark.slow
+def test_a_requeued_slurm_job_running_the_same_command_continues_its_run(tmp_path, tmp_path_factory):
+    """SIGUSR1 (SLURM's `--signal=B:USR1@...`), then the same command in the requeued job: no `resume=` typed."""
+    want = reference_rows(tmp_path_factory, "ppo")
+    run_dir = tmp_path / "run"
+    proc, _ = start_hanging(run_dir, 1, **SLURM)
+    try:
+        proc.send_signal(signal.SIGUSR1)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+    assert runs.last_holder_job(run_dir) == "4242"
+    same = ["experiment=smoke", "progress=false", f"hydra.run.dir={run_dir}", f"cache_dir={tmp_path / 'cache'}"]
+    out = run_cli(*same, SLURM_RESTART_COUNT="1", **SLURM)
+    assert f"SLURM job 4242 was requeued (restart 1): resuming its run in {run_dir}" in out.stdout
+    assert "resumed" in out.stdout and "from iter_000001" in out.stdout
+    assert_same_rows(read_rows(run_dir), want)
+    starts = [json.loads(line) for line in (run_dir / runs.STARTS).read_text().splitlines()]
+    assert [(s["slurm_job"], s["from_iteration"]) for s in starts] == [("4242", 0), ("4242", 1)]
+
+
+@pytest.fixture
+def stopped_slurm_run(tmp_path, monkeypatch) -> Path:
+    """A smoke run of SLURM job 4242 stopped by SIGTERM in iteration 1 (in-process), its environment reset."""
+    for key, value in SLURM.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
+    signal_during(monkeypatch, signal.SIGTERM, 1, "score")
+    run_dir = tmp_path / "run"
+    start_run(tmp_path, run_dir)
+    monkeypatch.undo()
+    return run_dir
+
+
+def test_a_requeued_sweep_job_continues_its_run_in_its_fixed_folder(
+    stopped_slurm_run, tmp_path, tmp_path_factory, monkeypatch
+):
+    """submitit calls the Hydra job again with the same overrides and folder; `train` sees the requeue."""
+    want = reference_rows(tmp_path_factory, "ppo")
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    summary = start_run(tmp_path, stopped_slurm_run)  # exactly the first start's call
+    assert summary["completed"] is True
+    assert_same_rows(read_rows(stopped_slurm_run), want)
+
+
+@pytest.mark.parametrize(
+    "environment",
+    [{"SLURM_JOB_ID": "4242"}, {"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "1"}, {"SLURM_RESTART_COUNT": "1"}],
+    ids=["same-job-not-restarted", "another-job-restarted", "no-job"],
+)
+def test_any_other_new_run_in_that_folder_is_refused(stopped_slurm_run, monkeypatch, capsys, environment):
+    for key in ("SLURM_JOB_ID", "SLURM_RESTART_COUNT", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in environment.items():
+        monkeypatch.setenv(key, value)
+    assert not runs.requeue_of(stopped_slurm_run)
+    code, err = run_main(monkeypatch, capsys, "experiment=smoke", f"hydra.run.dir={stopped_slurm_run}")
+    assert code == 2 and "already holds a run" in err
+    with pytest.raises(ConfigError, match="already holds a run"):
+        train(compose_cfg(["experiment=smoke", "progress=false"]), stopped_slurm_run)
+
+
+def test_requeue_of_reads_the_job_from_a_lock_a_killed_start_left(tmp_path, monkeypatch):
+    """Killed before its first start was recorded (e.g. while loading the model): the lock it held names the job."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / runs.RUN_CONFIG).write_text("algorithm: {}\n")
+    owner = {"pid": 1, "host": "node1", "since": "now", "slurm_job": "99_3"}
+    (folder / runs.LOCK).write_text(json.dumps(owner))
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "99")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
+    monkeypatch.setenv("SLURM_JOB_ID", "123")  # an array task's own id: the array's `<job>_<task>` names it
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    assert runs.slurm_job() == "99_3" and runs.requeue_of(folder)
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "4")
+    assert not runs.requeue_of(folder)
+
+
+# ------------------------------------------------------------------------------------------ the launcher config
+def test_the_requeueing_slurm_launcher_composes_and_asks_for_the_signal_and_requeue(tmp_path):
+    cfg = compose_cfg(["hydra/launcher=slurm_requeue", "experiment=smoke"], return_hydra_config=True)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_ == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
+    assert launcher.max_num_timeout > 0 and launcher.signal_delay_s > 0
+    from submitit.slurm.slurm import _make_sbatch_string  # what submitit will write for this config
+
+    script = _make_sbatch_string(
+        command="python -m submitit.core._submit",
+        folder=str(tmp_path),
+        signal_delay_s=launcher.signal_delay_s,
+        additional_parameters=dict(launcher.additional_parameters),
+    )
+    assert f"#SBATCH --signal=USR2@{launcher.signal_delay_s}" in script.splitlines()
+    assert "#SBATCH --requeue" in script.splitlines()
