@@ -286,7 +286,7 @@ def test_ppo_and_cory_share_the_learner_block_but_for_listed_differences(task):
 @pytest.mark.parametrize("tuning", TUNINGS)
 def test_tuning_files_set_only_listed_learner_values(tuning):
     """`tuning/<algorithm>_<task>.yaml` is picked for that pair only and touches only the listed keys."""
-    algorithm, task = tuning.split("_", 1)
+    algorithm, task = tuning.rsplit("_", 1)  # algorithm names may hold underscores (cory_shared), task names do not
     values = OmegaConf.load(Path(CONF_DIR) / "tuning" / f"{tuning}.yaml")
     assert set(values) == {"algorithm"} and set(values.algorithm) == {"agent"}
     assert _fields(values.algorithm.agent) <= LEARNER_DIFFERENCES[task]
