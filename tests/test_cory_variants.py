@@ -1,4 +1,4 @@
-"""CORY's schedules and policy-sharing layouts (`cory/algorithms/cory_variants.py`, docs/method.md §10): a frozen
+"""CORY's schedules and policy-sharing layouts (`cory/algorithms/cory_variants.py`, docs/method.md §11): a frozen
 agent is untouched bit for bit, the turns alternate on time, one shared policy learns from both roles' 2B samples,
 one LoRA adapter per role stays in its role, `role_swap` + `separate` is CORY exactly, and resumes are exact.
 

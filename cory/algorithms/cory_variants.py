@@ -1,4 +1,4 @@
-"""CORY's two roles on other update schedules and weight layouts (docs/method.md §10).
+"""CORY's two roles on other update schedules and weight layouts (docs/method.md §11).
 
 Two switches, each a key of the `cory_*` algorithm configs (`cory/conf/algorithm/cory_{interleaved,shared,
 lora_roles}.yaml`), beside CORY's own:
@@ -245,7 +245,7 @@ class ScheduledCORY(CORY):
 
 
 class SharedPolicyCORY:
-    """One policy `llm1` in both roles, trained on both roles' samples (`policy_sharing=shared`, docs/method.md §10.2).
+    """One policy `llm1` in both roles, trained on both roles' samples (`policy_sharing=shared`, docs/method.md §11.2).
 
     Per iteration: CORY's steps 1-4 with π_P = π_O = π_θ (one module acts twice), then ONE PPO update on the 2B
     sequences [pioneer's; observer's] with their collective rewards [R_P; R_O] (Eq. 4): one advantage
