@@ -194,7 +194,7 @@ def plot(curve_list: list[dict], out_prefix: Path, title: str = "", groups: dict
                     label=f"{name} (held-out)",
                 )
         for label, steps in swapping.items():
-            figures.mark_swaps(ax, steps, label=f"role swap ({label})" if len(swapping) > 1 else "role swap")
+            figures.mark_swaps(ax, steps, label=f"role swap ({label})" if len(labels) > 1 else "role swap")
         ax.set_title(names[metric][0])
         ax.set_ylabel(names[metric][1])
         ax.set_xlabel("training iteration")
