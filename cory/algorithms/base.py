@@ -15,6 +15,12 @@ value costs seconds, not a model load.
         algorithm.save(folder) when due                         # checkpoint contents (resume: algorithm.load)
     algorithm.report(rows, run_dir)                             # summary fields, console lines, figures
 
+Pre-emption (optional): a stop signal (SIGTERM, SIGUSR1, ...) ends the run within seconds only where the algorithm
+marks the work that changes nothing a checkpoint holds, generation, scoring and held-out evaluation, with
+`cory.preemption.abandonable()`: a signal there drops that iteration (or evaluation) at once, and the resumed run
+redoes it identically. Unmarked work is never interrupted: an algorithm that marks nothing finishes every iteration
+it began before the run saves and stops, as before.
+
 docs/extending.md shows how to add an algorithm, a learner, a task or a reward with new files only.
 """
 
@@ -98,12 +104,14 @@ class Algorithm(Protocol):
 
     def step(self, iteration: int) -> StepOutput:
         """Training iteration `iteration` (0-based); everything it draws is seeded by (seed, iteration) or held
-        in the algorithm's saved state, so a resumed run continues exactly."""
+        in the algorithm's saved state, so a resumed run continues exactly. Optional: the part before its update
+        inside `with cory.preemption.abandonable():`, so that a stop signal drops the iteration at once there."""
         ...
 
     def evaluate(self, iteration: int, final: bool, should_stop: Callable[[], bool]) -> EvalOutput | None:
         """Held-out evaluation after `iteration` completed iterations (`final`: the first or the last one, which
-        may be larger); None when `should_stop()` became true meanwhile (the evaluation stays owed)."""
+        may be larger); None when `should_stop()` became true meanwhile (the evaluation stays owed). Optional: its
+        work inside `cory.preemption.abandonable()`, so that a stop signal drops it at once (it stays owed too)."""
         ...
 
     def parameters(self) -> Iterable[tuple[str, torch.Tensor]]:

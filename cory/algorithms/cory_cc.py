@@ -27,6 +27,7 @@ from cory.metrics import role_key
 from cory.ppo.central_critic import CentralCritic, CriticActors, joint_batch
 from cory.ppo.learner import PPOConfig
 from cory.ppo.metrics import agent_metrics, headline, nonfinite, sample_rows
+from cory.preemption import abandonable
 
 CRITICS = ("per_agent", "centralized")
 CRITIC_DIR = "critic"
@@ -95,16 +96,17 @@ class CORYCC(CORY):
         pioneer, observer = self.team.agents[pio_id], self.team.agents[obs_id]
         queries, max_new_tokens = self.team.batch(iteration)
         gen, batch, t0 = self.task.generation_kwargs, self.team.generation_batch_size, time.perf_counter()
-        # 1-2. pioneer, then observer with the pioneer's answer in view (or not: w/o KT), as CORY
-        pio = pioneer.act([self.task.pioneer_prompt(q) for q in queries], max_new_tokens, gen, batch)
-        if self.knowledge_transfer:
-            obs_prompts = [self.task.observer_prompt(q, a1) for q, a1 in zip(queries, pio.responses)]
-        else:
-            obs_prompts = [self.task.pioneer_prompt(q) for q in queries]
-        obs = observer.act(obs_prompts, max_new_tokens, gen, batch)
-        # 3-4. task rewards on the original query, collective rewards (Eq. 4)
-        r1, failed1 = self.scorer(queries, pio.responses)
-        r2, failed2 = self.scorer(queries, obs.responses)
+        with abandonable():  # a stop signal drops the iteration up to step 3: nothing a checkpoint holds has changed
+            # 1-2. pioneer, then observer with the pioneer's answer in view (or not: w/o KT), as CORY
+            pio = pioneer.act([self.task.pioneer_prompt(q) for q in queries], max_new_tokens, gen, batch)
+            if self.knowledge_transfer:
+                obs_prompts = [self.task.observer_prompt(q, a1) for q, a1 in zip(queries, pio.responses)]
+            else:
+                obs_prompts = [self.task.pioneer_prompt(q) for q in queries]
+            obs = observer.act(obs_prompts, max_new_tokens, gen, batch)
+            # 3-4. task rewards on the original query, collective rewards (Eq. 4)
+            r1, failed1 = self.scorer(queries, pio.responses)
+            r2, failed2 = self.scorer(queries, obs.responses)
         R_pio = [self.w_self * a + self.w_other * b for a, b in zip(r1, r2)]
         R_obs = [self.w_self * b + self.w_other * a for a, b in zip(r1, r2)]
         t1 = time.perf_counter()
