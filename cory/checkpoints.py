@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from cory import runtime
-from cory.errors import CheckpointError
+from cory.errors import CheckpointError, writing
 
 ALGORITHM_DIR = "algorithm"
 CHECKPOINT_FORMAT = 3  # 3: the algorithm owns `algorithm/` (older checkpoints are refused, not misread)
@@ -53,12 +53,16 @@ def write_checkpoint(final: Path, save_algorithm: Callable[[Path], None], state:
     tmp = root / f".tmp-{final.name}-{os.getpid()}"
     for stale in root.glob(".tmp-*"):  # left by a crash mid-write; one process writes a run's checkpoints
         shutil.rmtree(stale, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    (tmp / ALGORITHM_DIR).mkdir()
-    save_algorithm(tmp / ALGORITHM_DIR)
-    save_file(runtime.torch_rng_states(), str(tmp / "torch_rng.safetensors"))
-    state = state | {"files": {str(f.relative_to(tmp)): _sha256(f) for f in sorted(tmp.rglob("*")) if f.is_file()}}
-    (tmp / "trainer.json").write_text(json.dumps(state))  # written last: its presence marks completeness
+    with writing(tmp):  # a full disk is one OSError naming the file, whichever library was writing it
+        tmp.mkdir(parents=True)
+        (tmp / ALGORITHM_DIR).mkdir()
+        save_algorithm(tmp / ALGORITHM_DIR)
+        with writing(tmp / "torch_rng.safetensors"):
+            save_file(runtime.torch_rng_states(), str(tmp / "torch_rng.safetensors"))
+        files = {str(f.relative_to(tmp)): _sha256(f) for f in sorted(tmp.rglob("*")) if f.is_file()}
+        (tmp / "trainer.json").write_text(
+            json.dumps(state | {"files": files})
+        )  # last: its presence marks completeness
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     for old in sorted(p for p in root.glob("iter_*") if p.is_dir())[:-keep]:

@@ -33,6 +33,7 @@ from helpers.maft_fakes import Problems, fake_context, maft_cfg, scripted_agent_
 from helpers.runners import REPO, assert_same_rows, env, run_main_output
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 import cory.train
@@ -40,6 +41,7 @@ from cory.build import build_algorithm, build_context
 from cory.checkpoints import latest_checkpoint
 from cory.config import _check_target, validate
 from cory.errors import CheckpointError, ConfigError
+from cory.maft.agents import LoraAgents
 from cory.maft.debate import DebateRecord
 from cory.maft.metrics import is_maft_metric
 from cory.metrics import RUN_METRICS
@@ -415,3 +417,18 @@ def test_bad_settings_never_reach_the_model(tmp_path):
     context.load_model = lambda: pytest.fail("the model was loaded")
     with pytest.raises(ConfigError, match=r"^algorithm\.max_others=0: must be >= 1$"):
         build_algorithm(cfg, context)
+
+
+def test_a_full_disk_while_saving_a_stage_is_one_line_naming_the_file(tmp_path, monkeypatch, capsys):
+    """safetensors reports a full disk as its own error: the stage file is named in one line, no traceback."""
+
+    def full(self, name, path):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(LoraAgents, "save", full)
+    run_dir = tmp_path / "run"
+    code, _, err = run_main_output(monkeypatch, capsys, *SMOKE, f"hydra.run.dir={run_dir}")
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(errors) == 1 and "Traceback" not in err, err[-3000:]
+    stage = run_dir / "rounds" / "1" / "weights" / "gen1.safetensors"
+    assert errors[0].startswith(f"error: cannot write {stage} (No space left on device)")

@@ -9,13 +9,18 @@ The real 25k-review training is `slow`. Run: `pytest -q tests/test_rewards.py -m
 from __future__ import annotations
 
 import csv
+import errno
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from helpers.fakes import save_tiny_classifier, write_reviews_csv
+from safetensors import SafetensorError
+from safetensors.numpy import load_file, save_file
 
+import cory.tasks.rewards
+from cory.errors import AssetUnavailableError
 from cory.tasks.rewards import ClassifierReward, TfidfSentimentReward
 
 
@@ -86,3 +91,29 @@ def test_real_tfidf_reward_on_packaged_imdb(tmp_path: Path) -> None:
     assert reward.accuracy > 0.88
     great, terrible = reward(["This movie was great", "terrible boring film"])
     assert great > 2.0 and terrible < -3.0
+
+
+def test_a_full_disk_while_caching_is_an_oserror_naming_the_file_and_leaves_no_cache(tmp_path: Path, monkeypatch):
+    """safetensors reports a full disk as its own error, not an OSError: the entry points would print a traceback."""
+
+    def full(tensors, path):  # as safetensors fails: the file is created, part of it written, then its own error
+        Path(path).write_bytes(b"\0" * 8)
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(cory.tasks.rewards, "save_file", full)
+    data = write_reviews_csv(tmp_path / "reviews.csv")
+    with pytest.raises(OSError) as info:
+        TfidfSentimentReward(cache_dir=str(tmp_path / "cache"), data_files=str(data))
+    assert info.value.errno == errno.ENOSPC and info.value.filename.endswith("arrays.safetensors")
+    assert list((tmp_path / "cache").iterdir()) == []  # the temporary folder is gone; the next run trains again
+
+
+def test_a_cached_reward_with_nonfinite_weights_is_named_as_corrupt(tmp_path: Path) -> None:
+    """A NaN coefficient would score every text NaN and stop training later, far from the cause."""
+    data = write_reviews_csv(tmp_path / "reviews.csv")
+    reward = TfidfSentimentReward(cache_dir=str(tmp_path / "cache"), data_files=str(data))
+    arrays = load_file(str(reward.path / "arrays.safetensors"))
+    arrays["coef"][3] = np.nan
+    save_file(arrays, str(reward.path / "arrays.safetensors"))
+    with pytest.raises(AssetUnavailableError, match=r"is corrupt \(ValueError: arrays.safetensors holds non-finite"):
+        TfidfSentimentReward(cache_dir=str(tmp_path / "cache"), data_files=str(data))

@@ -50,6 +50,7 @@ from helpers.runners import (
     start_run,
     wait_for_train_row,
 )
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 import cory.build
@@ -501,3 +502,47 @@ def test_ctrl_c_while_a_resume_starts_leaves_the_run_folder_as_it_was(tmp_path, 
     )
     # the run's files as they were (Hydra keeps its own record of each resume command under .hydra/)
     assert {k: v for k, v in snapshot(run_dir).items() if not k.startswith(".hydra/")} == before
+
+
+def _torch_save_full(obj, path, *args, **kwargs):  # as torch.save fails on a full disk: a part written, no OSError
+    Path(path).write_bytes(b"PK\0")
+    raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+
+
+def _safetensors_full(tensors, path, *args, **kwargs):  # safetensors' own error, not an OSError
+    Path(path).write_bytes(b"\0" * 8)
+    raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+
+@pytest.mark.parametrize(
+    ("module", "name", "fake", "file"),
+    [
+        (torch, "save", _torch_save_full, "algorithm/llm1/optimizer.pt"),
+        (cory.checkpoints, "save_file", _safetensors_full, "torch_rng.safetensors"),
+    ],
+    ids=["torch.save", "safetensors"],
+)
+def test_a_full_disk_inside_a_library_write_is_one_line_naming_the_file(
+    tmp_path, monkeypatch, capsys, module, name, fake, file
+):
+    """The libraries report a full disk as RuntimeError (torch.save; the filesystem then has no block left) or
+    SafetensorError, never OSError: one line naming the file, the previous checkpoint kept, no traceback."""
+    real, calls = getattr(module, name), []
+
+    def second_checkpoint_fails(obj, path, *args, **kwargs):
+        calls.append(path)
+        if "iter_000004" in str(path):
+            return fake(obj, path)
+        return real(obj, path, *args, **kwargs)
+
+    class NoBlockLeft:
+        f_bavail = 0
+
+    monkeypatch.setattr(module, name, second_checkpoint_fails)
+    monkeypatch.setattr(os, "statvfs", lambda path: NoBlockLeft)
+    run_dir, args = tmp_path / "run", ["experiment=smoke", "progress=false", *overrides("ppo")[1:]]
+    message = cory.train.run_reporting_errors(compose_cfg(args), run_dir, args, "train.log")
+    assert capsys.readouterr().err == f"error: {message}\n"
+    written = next(p for p in calls if "iter_000004" in str(p))
+    assert message.startswith(f"cannot write {written} (No space left on device)") and str(written).endswith(file)
+    assert latest_checkpoint(run_dir).name == "iter_000002"

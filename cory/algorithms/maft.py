@@ -45,7 +45,7 @@ import torch
 from cory import runtime
 from cory.algorithms.base import EvalOutput, Report, RunContext, StepOutput, named_parameters
 from cory.checkpoints import check_files, damaged, refuse_nonfinite
-from cory.errors import CheckpointError, ConfigError
+from cory.errors import CheckpointError, ConfigError, writing
 from cory.maft.agents import GenerationSettings
 from cory.maft.debate import (
     Chat,
@@ -375,7 +375,8 @@ class MAFT:
                 seed = stage_seed(self.seed, "sft", k, index)
                 stats = self.pool.finetune(agent, chats, self.sft, seed)
             self.store.save_weights_stats(k, agent, stats)
-            self.pool.save(agent, path)
+            with writing(path):  # a full disk: one line naming the stage file (safetensors raises no OSError)
+                self.pool.save(agent, path)
         stats = self.store.weights_stats(k, agent)
         return {f"maft/sft/{agent}/loss": stats["loss"]} if "loss" in stats else {}
 

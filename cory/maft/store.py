@@ -22,14 +22,16 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from cory.errors import writing
 from cory.maft.debate import DebateRecord
 
 
 def write_json_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    with writing(path):  # a failed flush names no file: name the stage file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:

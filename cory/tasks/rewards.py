@@ -30,7 +30,7 @@ from sklearn.feature_extraction.text import CountVectorizer
 from sklearn.preprocessing import normalize
 
 from cory import runtime
-from cory.errors import AssetUnavailableError
+from cory.errors import AssetUnavailableError, writing
 from cory.hub import from_pretrained_or_fail
 
 
@@ -146,6 +146,8 @@ class TfidfSentimentReward:
         self.meta: dict = json.loads((folder / "meta.json").read_text())
         vocabulary = json.loads((folder / "vocabulary.json").read_text())
         arrays = load_file(str(folder / "arrays.safetensors"))
+        if not all(np.isfinite(arrays[key]).all() for key in ("idf", "coef", "intercept")):
+            raise ValueError("arrays.safetensors holds non-finite values")  # would score every text NaN
         self._counter = CountVectorizer(vocabulary=vocabulary, ngram_range=_TFIDF["ngram_range"], dtype=np.float64)
         self._idf = sparse.diags(arrays["idf"])  # [V, V]
         self._coef = arrays["coef"]  # [V]
@@ -208,31 +210,31 @@ def _train_and_save(path: Path, data_files: str, seed: int, max_rows: int | None
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
     tmp.chmod(0o755)  # mkdtemp makes it owner-only
     try:
-        vocabulary = {term: int(column) for term, column in vectorizer.vocabulary_.items()}
-        (tmp / "vocabulary.json").write_text(json.dumps(vocabulary, ensure_ascii=False))
-        save_file(
-            {
+        with writing(tmp):  # a full disk is one OSError naming the file (safetensors raises none)
+            vocabulary = {term: int(column) for term, column in vectorizer.vocabulary_.items()}
+            (tmp / "vocabulary.json").write_text(json.dumps(vocabulary, ensure_ascii=False))
+            arrays = {
                 "idf": vectorizer.idf_.astype(np.float64),
                 "coef": classifier.coef_[0].astype(np.float64),
                 "intercept": classifier.intercept_.astype(np.float64),
-            },
-            str(tmp / "arrays.safetensors"),
-        )
-        meta = {
-            "accuracy": accuracy,
-            "n_train": len(train_idx),
-            "n_eval": len(eval_idx),
-            "seed": seed,
-            "data_files": data_files,
-            "max_rows": max_rows,
-            "train_seconds": round(time.perf_counter() - start, 1),
-        }
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
-        # Self-check: the pickle-free scorer must reproduce sklearn's decision function before it is trusted.
-        reloaded = _scorer_from(tmp)(eval_texts)
-        if not np.allclose(reloaded, eval_logits, rtol=0.0, atol=1e-9):
-            raise RuntimeError("the reloaded TF-IDF scorer disagrees with the trained one")
-        publish(tmp, path, lambda folder: (folder / "meta.json").is_file())  # a concurrent run may have won
+            }
+            with writing(tmp / "arrays.safetensors"):
+                save_file(arrays, str(tmp / "arrays.safetensors"))
+            meta = {
+                "accuracy": accuracy,
+                "n_train": len(train_idx),
+                "n_eval": len(eval_idx),
+                "seed": seed,
+                "data_files": data_files,
+                "max_rows": max_rows,
+                "train_seconds": round(time.perf_counter() - start, 1),
+            }
+            (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+            # Self-check: the pickle-free scorer must reproduce sklearn's decision function before it is trusted.
+            reloaded = _scorer_from(tmp)(eval_texts)
+            if not np.allclose(reloaded, eval_logits, rtol=0.0, atol=1e-9):
+                raise RuntimeError("the reloaded TF-IDF scorer disagrees with the trained one")
+            publish(tmp, path, lambda folder: (folder / "meta.json").is_file())  # a concurrent run may have won
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     runtime.say(
