@@ -16,6 +16,7 @@ import torch
 from helpers.maft_fakes import Problems, fake_context, maft_cfg, no_model, scripted_agent_models
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
+from safetensors.torch import save_file
 
 from cory.errors import ConfigError
 from cory.maft.debate import DebateRecord, critic_data, generation_data, majority_vote, mix, pick_others
@@ -252,3 +253,48 @@ def test_statistics_against_hand_computed_values():
     assert consensus([["1", "1"], ["1", None], [None, None]]) == pytest.approx(1 / 3)
     e = torch.tensor([[[1.0, 0.0], [1.0, 0.0], [0.0, 2.0]]])  # pairs: cos 1, 0, 0 → dissimilarity (0 + 1 + 1) / 3
     assert pairwise_dissimilarity(e) == pytest.approx(2 / 3)
+
+
+def _cut(path):
+    path.write_bytes(path.read_bytes()[:-7])
+
+
+def _drop_last_row(path):
+    path.write_text("".join(path.read_text().splitlines(keepends=True)[:-1]))
+
+
+def _nan_weights(path):
+    save_file({"weight": torch.tensor([math.nan])}, str(path))
+
+
+@pytest.mark.parametrize(
+    ("file", "damage"),
+    [
+        ("train_debate_r1.jsonl", _cut),
+        ("train_debate_r1.jsonl", _drop_last_row),  # still valid JSON lines: one problem short
+        ("weights/gen1.safetensors", _cut),
+        ("weights/gen1.safetensors", _nan_weights),
+        ("weights/gen1.json", _cut),
+    ],
+    ids=["debate-cut", "debate-row-missing", "weights-cut", "weights-nan", "weights-stats-cut"],
+)
+def test_a_damaged_stage_file_is_named_in_one_line_and_its_stage_computed_again(tmp_path, capsys, file, damage):
+    """A start that finds a stage file of round 1 damaged (a disk error, an edit) says so naming it and computes
+    that stage again, which gives what the file held; the stages whose files are whole are read back."""
+    first = make_maft(tmp_path, tagged_answer).finetune_round(1, PROBLEMS)
+    path = tmp_path / "rounds" / "1" / file
+    damage(path)
+    capsys.readouterr()
+    again = make_maft(tmp_path, tagged_answer)  # a resumed start: every stage file of round 1 is there
+    second = again.finetune_round(1, PROBLEMS)
+    said = [line for line in capsys.readouterr().out.splitlines() if "damaged" in line]
+    shown = path.with_suffix(".safetensors") if file.endswith(".json") else path  # the stats go with their weights
+    assert len(said) == 1 and said[0].startswith(f"[maft] {shown} is damaged (")
+    assert said[0].endswith("; computing its stage again")
+    if "debate" in file:  # round 1 of the debate asked again, round 2's file read back
+        assert {name for name, _ in again.pool.calls} == {"gen1", "gen2", "gen3"}
+    else:  # only that agent fine-tuned again
+        assert list(again.pool.finetuned) == ["gen1"] and not again.pool.calls
+    assert {k: v for k, v in second.items() if not k.startswith("time/")} == {
+        k: v for k, v in first.items() if not k.startswith("time/")
+    }

@@ -303,7 +303,7 @@ class MAFT:
             if should_stop is not None and should_stop():
                 return None
             compute = partial(self.debate_round, records, split, k, r)
-            records = self.store.debate(k, split, r + 1, compute)
+            records = self.store.debate(k, split, r + 1, len(problems), compute)
         return records
 
     def debate_round(self, records: list[DebateRecord], split: str, k: int, r: int) -> list[DebateRecord]:
@@ -364,8 +364,15 @@ class MAFT:
     def finetune_agent(self, k: int, index: int, agent: str, chats: list[Chat]) -> dict[str, float]:
         """SFT of one agent on its own data; a resumed run that finds this round's weights saved loads them."""
         path = self.store.weights(k, agent)
-        if path.exists():  # fine-tuned by a start that was killed later in the round
-            self.pool.load(agent, path)
+        if self.store.saved_weights(k, agent) is not None:  # fine-tuned by a start that was killed later in the round
+            try:
+                self.pool.load(agent, path)
+            except Exception as err:  # noqa: BLE001 - whole, but not this agent's (another model's weights)
+                first = (str(err).strip().splitlines() or [""])[0]
+                raise CheckpointError(
+                    f"{path} does not fit agent {agent} ({type(err).__name__}: {first}); delete it and resume, and "
+                    f"its stage is computed again"
+                ) from None
         else:
             if self.finetune_from == "base":
                 self.pool.reset(agent)
