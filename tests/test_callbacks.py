@@ -39,6 +39,7 @@ SWEEP_EXPERIMENT = {
     "gsm8k_robustness": "gsm8k_llama2",
     "cpu_imdb_curves": "cpu_imdb",
     "cpu_imdb_frontier": "cpu_imdb",
+    "imdb_claim": None,  # the sweep chooses its experiments (the arms)
 }
 
 
