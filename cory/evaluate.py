@@ -39,7 +39,7 @@ from omegaconf.errors import OmegaConfBaseException
 from cory import figures, runtime
 from cory.checkpoints import ALGORITHM_DIR
 from cory.config import validate
-from cory.errors import ConfigError
+from cory.errors import ConfigError, writing
 from cory.tasks.answers import extract_answer, pass_at_k
 
 RESULTS, SUMMARY, PLOT, SETTINGS = "results.jsonl", "passk.json", "passk.png", "settings.json"
@@ -224,19 +224,25 @@ def evaluate_run(
     run_dir, checkpoint = resolve_target(target) if target is not None else (None, None)
     cfg = load_config(run_dir, overrides)
     validate(cfg)  # an override can make it invalid (4-bit on a CPU): one line, before any model loads
+    if checkpoint is not None:  # checked whole as a resume checks it: a cut or edited weight file is one line
+        from cory.checkpoints import read_state, verify_checksums
+
+        verify_checksums(checkpoint, read_state(checkpoint))
     if out is None and run_dir is not None:
         out = run_dir / "evaluation" / (checkpoint.name if checkpoint else "base")
     elif out is None:
         out = Path("outputs") / "evaluation" / ("_".join(overrides) or "default")
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    with writing(out):
+        out.mkdir(parents=True, exist_ok=True)
     agents = checkpoint_agents(checkpoint) if checkpoint else []
     settings = {"n": n, "seed": seed, "checkpoint": str(checkpoint), "num_problems": num_problems}
     settings |= {"config": overrides} if run_dir is None else {}
     if (out / SETTINGS).exists() and json.loads((out / SETTINGS).read_text()) != settings:
         raise ConfigError(f"{out} holds results of other settings ({out / SETTINGS}); pass another --out")
-    (out / SETTINGS).write_text(json.dumps(settings))
-    with _owned(out):  # one evaluation per output folder at a time, as one run per run folder
+    with writing(out / SETTINGS):
+        (out / SETTINGS).write_text(json.dumps(settings))
+    with _owned(out), writing(out):  # one evaluation per output folder at a time, as one run per run folder
         return _evaluate_into(cfg, run_dir, checkpoint, agents, out, n, ks, num_problems, batch_size, seed)
 
 
@@ -365,6 +371,14 @@ def main(argv: list[str] | None = None) -> None:
         )
     except USER_ERRORS as err:
         print("error: " + " ".join(str(err).split()), file=sys.stderr)
+        sys.exit(2)
+    except OSError as err:  # a read-only or full --out: one line naming the file (`cory.errors.writing`)
+        from cory.runs import WRITE_ERRNOS
+
+        if err.errno not in WRITE_ERRNOS:
+            raise
+        where = err.filename or "the output folder"
+        print(f"error: cannot write {where} ({err.strerror}); pass another --out", file=sys.stderr)
         sys.exit(2)
     print(summary_table(summary, args.ks))
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,9 +21,11 @@ import pytest
 import torch
 from helpers.compose import compose_cfg
 from hydra.utils import instantiate
+from safetensors.torch import load_file, save_file
 
 import cory.evaluate
 from cory.build import build_backbone
+from cory.checkpoints import latest_checkpoint
 from cory.evaluate import evaluate_run, sample_chunk, summarize
 from cory.train import train
 
@@ -197,3 +200,35 @@ def test_two_evaluations_of_one_folder_do_not_write_at_once(tmp_path):
             )
     finally:
         lock.release()
+
+
+def _cut(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _nan(path: Path) -> None:
+    tensors = load_file(str(path))
+    first = next(iter(tensors))
+    tensors[first] = torch.full_like(tensors[first], math.nan)
+    save_file(tensors, str(path))
+
+
+@pytest.mark.parametrize("damage", [_cut, _nan], ids=["truncated", "nan"])
+def test_damaged_weights_are_one_line_naming_the_file_before_any_model_loads(cory_run, tmp_path, damage):
+    run_dir = tmp_path / "run"
+    shutil.copytree(cory_run, run_dir)
+    checkpoint = latest_checkpoint(run_dir)
+    weights = sorted((checkpoint / "algorithm" / "llm1").glob("*.safetensors"))[0]
+    damage(weights)
+    out = _run(str(run_dir), "--n", "2", "--num-problems", "1")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert out.stderr.startswith(f"error: checkpoint {checkpoint} is damaged: {weights.relative_to(checkpoint)} ")
+    assert not (run_dir / "evaluation").exists()
+
+
+def test_an_output_folder_that_cannot_be_written_is_one_line(cory_run, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    out = _run(str(cory_run), "--n", "2", "--num-problems", "1", "--out", str(blocker / "passk"))
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert out.stderr == f"error: cannot write {blocker / 'passk'} (Not a directory); pass another --out\n"
