@@ -107,8 +107,19 @@ def _outputs(tmp_path: Path) -> list[Path]:
         (["task=imdb", "task.data_files={tmp}/header.csv"], "task.data_files={tmp}/header.csv: a header but no rows"),
         (["hydra.run.dir={tmp}/afile/run"], "hydra.run.dir={tmp}/afile/run: cannot create the run folder"),
         (["resume={tmp}/broken"], "resume={tmp}/broken: {tmp}/broken/run_config.yaml is unreadable"),
+        (["task.num_eval=0"], "task: no held-out queries to evaluate on"),
+        (["num_eval=0"], "num_eval=0: must be >= 1 or null"),
     ],
-    ids=["type", "integer", "context", "data-file", "unwritable-folder", "corrupt-run-config"],
+    ids=[
+        "type",
+        "integer",
+        "context",
+        "data-file",
+        "unwritable-folder",
+        "corrupt-run-config",
+        "no-task-eval",
+        "no-eval",
+    ],
 )
 def test_through_the_command_line_a_refused_run_is_one_line_and_leaves_no_folder(
     tmp_path, monkeypatch, capsys, args, message
