@@ -292,3 +292,29 @@ def test_clipped_loss_equals_trl_grpo_token_level_loss():
     torch.testing.assert_close(_trl_grpo_loss("bnpo", new, old, advantages, mask), ours)
     torch.testing.assert_close(_trl_grpo_loss("dapo", new, old, advantages, mask), ours)
     assert not torch.isclose(_trl_grpo_loss("grpo", new, old, advantages, mask), ours)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "name"),
+    [
+        (["algorithm=ppo"], "ppo"),
+        (["algorithm=grpo"], "grpo"),
+        (["algorithm=rloo"], "rloo"),
+        (["algorithm=cory"], "cory"),
+        (["algorithm=cory_grpo"], "cory_grpo"),
+        (["algorithm=cory_rloo"], "cory_rloo"),
+    ],
+)
+def test_a_critic_free_learner_names_its_runs(overrides, name):
+    """Runs are grouped by `describe()["algorithm"]` (frontier, W&B, sweep summaries): GRPO must not pool with PPO."""
+    from helpers.compose import compose_cfg
+    from hydra.utils import instantiate
+
+    from cory.algorithms.team import learner_identity
+
+    cfg = compose_cfg(["experiment=smoke", *overrides])
+    learner = instantiate(cfg.algorithm.agent)
+    base = cfg.algorithm._target_.rsplit(".", 1)[-1].lower()
+    identity = learner_identity(learner, base)
+    assert identity["algorithm"] == name and identity["kl_coef"] == learner.init_kl_coef
+    assert identity["advantage"] == ("gae" if name in ("ppo", "cory") else name.rsplit("_", 1)[-1])

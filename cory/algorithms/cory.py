@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from cory.algorithms.base import EvalOutput, Report, RunContext, StepOutput
-from cory.algorithms.team import AgentTeam
+from cory.algorithms.team import AgentTeam, learner_identity
 from cory.errors import ConfigError
 from cory.metrics import role_key
 from cory.ppo.metrics import agent_metrics, headline, nonfinite, sample_rows
@@ -79,7 +79,7 @@ class CORY:
         return self.team.agents
 
     def describe(self) -> dict:
-        return {"algorithm": "cory", "kl_coef": self.learner.init_kl_coef}
+        return learner_identity(self.learner, "cory")
 
     def step(self, iteration: int) -> StepOutput:
         pio_id, obs_id = self.roles["pioneer"], self.roles["observer"]
@@ -102,9 +102,9 @@ class CORY:
         R_pio = [self.w_self * a + self.w_other * b for a, b in zip(r1, r2)]
         R_obs = [self.w_self * b + self.w_other * a for a, b in zip(r1, r2)]
         t1 = time.perf_counter()
-        # 5. two independent PPO updates; both rollouts were collected first, so the order does not matter
-        stats_pio = self._learn(iteration, pioneer, pio, R_pio)
-        stats_obs = self._learn(iteration, observer, obs, R_obs)
+        # 5. the updates: two independent PPO updates (both rollouts were collected first, so the order does not
+        # matter); a variant changes only this step (`_update`)
+        stats_pio, stats_obs = self._update(iteration, (pioneer, pio, R_pio), (observer, obs, R_obs))
         metrics = agent_metrics(pio_id, pio, r1, R_pio, stats_pio, self.task.eval_kl_coef)
         metrics |= agent_metrics(obs_id, obs, r2, R_obs, stats_obs, self.task.eval_kl_coef)
         for role, agent_id in self.roles.items():  # per-role views of the same numbers
@@ -130,9 +130,14 @@ class CORY:
                 self.team.reseed(iteration + 1)
         return StepOutput(metrics, samples, nonfinite(metrics), headline(metrics, ["llm1", "llm2"]))
 
+    def _update(self, iteration: int, pioneer: tuple, observer: tuple) -> tuple[dict, dict]:
+        """Step 5: each `(agent, rollout, collective rewards)` learns on its own (`_learn`); returns both agents'
+        update statistics. A variant with a shared value function (`cory/algorithms/cory_cc.py`) overrides this."""
+        return self._learn(iteration, *pioneer), self._learn(iteration, *observer)
+
     def _learn(self, iteration: int, agent, rollout, rewards: list[float]) -> dict[str, float]:
-        """Step 5 for one agent: its PPO update on its own rollout and collective rewards. CORY updates both
-        agents every iteration; a schedule that freezes one (`cory/algorithms/cory_schedules.py`) overrides this."""
+        """One agent's PPO update on its own rollout and collective rewards. CORY updates both agents every
+        iteration; a schedule that freezes one (`cory/algorithms/cory_variants.py`) overrides this."""
         return agent.learn(rollout, torch.tensor(rewards))
 
     def evaluate(self, iteration: int, final: bool, should_stop) -> EvalOutput | None:

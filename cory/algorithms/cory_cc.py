@@ -13,21 +13,17 @@ trained on both agents' returns. Each actor keeps its own policy, clipping, KL p
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import torch
 
 from cory import runtime
-from cory.algorithms.base import RunContext, StepOutput, named_parameters
+from cory.algorithms.base import RunContext, named_parameters
 from cory.algorithms.cory import CORY
 from cory.checkpoints import check_files, damaged, refuse_nonfinite
 from cory.errors import CheckpointError, ConfigError
-from cory.metrics import role_key
 from cory.ppo.central_critic import CentralCritic, CriticActors, joint_batch
 from cory.ppo.learner import PPOConfig
-from cory.ppo.metrics import agent_metrics, headline, nonfinite, sample_rows
-from cory.preemption import abandonable
 
 CRITICS = ("per_agent", "centralized")
 CRITIC_DIR = "critic"
@@ -89,65 +85,26 @@ class CORYCC(CORY):
     def describe(self) -> dict:
         return super().describe() | {"algorithm": "cory_cc", "critic": self.critic_mode}
 
-    def step(self, iteration: int) -> StepOutput:
+    def _update(self, iteration: int, pioneer: tuple, observer: tuple) -> tuple[dict, dict]:
+        """Step 5 with the centralised critic; CORY's steps 1-4 and 6 are CORY's own (`CORY.step`)."""
         if self.critic is None:
-            return super().step(iteration)
-        pio_id, obs_id = self.roles["pioneer"], self.roles["observer"]
-        pioneer, observer = self.team.agents[pio_id], self.team.agents[obs_id]
-        queries, max_new_tokens = self.team.batch(iteration)
-        gen, batch, t0 = self.task.generation_kwargs, self.team.generation_batch_size, time.perf_counter()
-        with abandonable():  # a stop signal drops the iteration up to step 3: nothing a checkpoint holds has changed
-            # 1-2. pioneer, then observer with the pioneer's answer in view (or not: w/o KT), as CORY
-            pio = pioneer.act([self.task.pioneer_prompt(q) for q in queries], max_new_tokens, gen, batch)
-            if self.knowledge_transfer:
-                obs_prompts = [self.task.observer_prompt(q, a1) for q, a1 in zip(queries, pio.responses)]
-            else:
-                obs_prompts = [self.task.pioneer_prompt(q) for q in queries]
-            obs = observer.act(obs_prompts, max_new_tokens, gen, batch)
-            # 3-4. task rewards on the original query, collective rewards (Eq. 4)
-            r1, failed1 = self.scorer(queries, pio.responses)
-            r2, failed2 = self.scorer(queries, obs.responses)
-        R_pio = [self.w_self * a + self.w_other * b for a, b in zip(r1, r2)]
-        R_obs = [self.w_self * b + self.w_other * a for a, b in zip(r1, r2)]
-        t1 = time.perf_counter()
+            return super()._update(iteration, pioneer, observer)
+        (pio_agent, pio, R_pio), (obs_agent, obs, R_obs) = pioneer, observer
         # 5a. the centralised critic's values of each agent's tokens, from the joint sequence [x_P; a1; a2]
         joint = joint_batch(pio, obs, self.pad_token_id)
         v1, v2 = self.critic.values(joint)
         pio.values, obs.values = v1 * pio.response_mask, v2 * obs.response_mask
         # 5b. two PPO updates with those values (GAE on each agent's own KL-shaped rewards)
-        stats_pio = pioneer.learn(pio, torch.tensor(R_pio))
-        stats_obs = observer.learn(obs, torch.tensor(R_obs))
+        stats_pio = pio_agent.learn(pio, torch.tensor(R_pio))
+        stats_obs = obs_agent.learn(obs, torch.tensor(R_obs))
         # 5c. the critic learns both agents' returns (skipped with an actor's update, on a non-finite input)
-        if pioneer.returns is not None and observer.returns is not None:
+        if pio_agent.returns is not None and obs_agent.returns is not None:
             masks = (pio.response_mask, obs.response_mask)
             c_pio, c_obs = self.critic.learn(
-                joint, (pio.values, obs.values), (pioneer.returns, observer.returns), masks
+                joint, (pio.values, obs.values), (pio_agent.returns, obs_agent.returns), masks
             )
             stats_pio, stats_obs = stats_pio | c_pio, stats_obs | c_obs
-        metrics = agent_metrics(pio_id, pio, r1, R_pio, stats_pio, self.task.eval_kl_coef)
-        metrics |= agent_metrics(obs_id, obs, r2, R_obs, stats_obs, self.task.eval_kl_coef)
-        for role, agent_id in self.roles.items():
-            metrics[role_key(role, "task_reward")] = metrics[f"train/{agent_id}/task_reward"]
-            metrics[role_key(role, "kl")] = metrics[f"train/{agent_id}/kl"]
-        metrics |= {
-            "cory/llm1_role": float(pio_id != "llm1"),
-            "cory/swaps": float(self.swaps),
-            "time/generate_s": t1 - t0,
-            "time/learn_s": time.perf_counter() - t1,
-            "train/reward_failures": float(failed1 + failed2),
-        }
-        samples = sample_rows(
-            queries, {"pioneer": pio, "observer": obs}, {"pioneer": r1, "observer": r2}, self.log_samples
-        )
-        # 6. role exchange (Eq. 5), as CORY
-        if self.role_exchange and (iteration + 1) % self.swap_period == 0:
-            self.roles = {"pioneer": obs_id, "observer": pio_id}
-            self.swaps += 1
-            if self.faithful_official_swap:
-                for agent in self.team.agents.values():
-                    agent.reset_training_state()
-                self.team.reseed(iteration + 1)
-        return StepOutput(metrics, samples, nonfinite(metrics), headline(metrics, ["llm1", "llm2"]))
+        return stats_pio, stats_obs
 
     def parameters(self):
         yield from self.team.parameters()

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from cory.algorithms.base import EvalOutput, Report, RunContext, StepOutput
-from cory.algorithms.team import AgentTeam
+from cory.algorithms.team import AgentTeam, learner_identity
 from cory.ppo.metrics import agent_metrics, headline, nonfinite, sample_rows
 from cory.preemption import abandonable
 from cory.tasks.base import SafeScorer
@@ -32,7 +32,7 @@ class PPO:
         return self.team.agents
 
     def describe(self) -> dict:
-        return {"algorithm": "ppo", "kl_coef": self.learner.init_kl_coef}
+        return learner_identity(self.learner, "ppo")
 
     def step(self, iteration: int) -> StepOutput:
         agent, t0 = self.team.agents["llm1"], time.perf_counter()

@@ -30,6 +30,16 @@ from cory.tasks.base import Task
 TEAM_STATE = "team.json"
 
 
+def learner_identity(learner, algorithm: str) -> dict:
+    """`describe()` of an algorithm built on `learner`: the algorithm's name, suffixed with the learner's advantage
+    estimator when it is not GAE (`grpo`, `cory_rloo`, …; PPO with a GRPO learner is GRPO), the initial β and what the
+    learner says of itself (`advantage`, `group_size`). A learner without `describe` counts as PPO's."""
+    own = dict(learner.describe()) if hasattr(learner, "describe") else {}
+    advantage = own.get("advantage", "gae")
+    name = algorithm if advantage == "gae" else (advantage if algorithm == "ppo" else f"{algorithm}_{advantage}")
+    return {"algorithm": name, "kl_coef": learner.init_kl_coef} | own
+
+
 class QuerySchedule:
     """Iteration k's training queries and `max_new_tokens`, from (seed, k) alone: a resumed run draws the same.
 

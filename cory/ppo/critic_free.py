@@ -48,6 +48,9 @@ class CriticFreeConfig(PPOConfig):
             )
         super().check_batch(batch_size)
 
+    def describe(self) -> dict[str, object]:
+        return {"advantage": self.advantage, "group_size": self.group_size}
+
     def build(self, name: str, model, ref_model, tokenizer, **placement) -> CriticFreeAgent:
         return CriticFreeAgent(name, model, ref_model, tokenizer, self, **placement)
 

@@ -92,6 +92,10 @@ class PPOConfig:
             f"batch_size={batch_size}",
         )
 
+    def describe(self) -> dict[str, object]:
+        """What tells this learner's runs apart in names and summaries: its advantage estimator (GAE here)."""
+        return {"advantage": "gae"}
+
     def build(self, name: str, model, ref_model, tokenizer, **placement) -> Agent:
         """One agent with these hyperparameters (`placement`: `Agent`'s seed, device and batch arguments)."""
         return Agent(name, model, ref_model, tokenizer, self, **placement)
