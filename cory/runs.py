@@ -66,6 +66,7 @@ RESUMABLE_KEYS = (
     "logger",
     "hardware.forward_batch_size",
     "hardware.generation_batch_size",
+    "rollout",  # which engine samples the responses: the samples' distribution is the policy's either way
 )
 _NOT_COMPARED = ("resume",)  # the resume key itself names the folder, it does not change the run
 

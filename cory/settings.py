@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from cory.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class RunSettings:
@@ -29,10 +31,49 @@ class RunSettings:
     keep_checkpoints: int = 2
     max_bad_iterations: int = 3
     progress: bool = True
+    rollout: RolloutSettings | Mapping[str, Any] = dataclasses.field(default_factory=lambda: RolloutSettings())
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.rollout, RolloutSettings):  # the `rollout` group's node, as composed
+            object.__setattr__(self, "rollout", RolloutSettings.from_config(self.rollout))
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> RunSettings:
         return cls(**{f.name: cfg[f.name] for f in dataclasses.fields(cls) if f.name in cfg})
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """The `rollout` group: what samples the responses (`cory/ppo/backends.py`). The update's log-probs are always the
+    learner's own forward, so the backend changes how fast samples come, not the numbers the update uses.
+
+    Attributes:
+        backend: `hf` (Hugging Face `generate` on the live policy) or `vllm` (a colocated vLLM engine; CUDA only).
+        gpu_memory_utilization: vLLM's share of the GPU for its weights and KV cache (the learner keeps the rest).
+        max_model_len: vLLM's context; None = the model's.
+        dtype: vLLM's weight dtype (`auto`: the model config's, `bfloat16`, `float32`).
+        enforce_eager: no CUDA graphs (faster start, less memory; weights change every iteration anyway).
+    """
+
+    backend: str = "hf"
+    gpu_memory_utilization: float = 0.3
+    max_model_len: int | None = None
+    dtype: str = "auto"
+    enforce_eager: bool = True
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("hf", "vllm"):
+            raise ConfigError(f"rollout.backend={self.backend!r}: allowed hf, vllm")
+        if not 0 < self.gpu_memory_utilization < 1:
+            raise ConfigError(f"rollout.gpu_memory_utilization={self.gpu_memory_utilization}: must be in (0, 1)")
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> RolloutSettings:
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(cfg) - set(names))
+        if unknown:
+            raise ConfigError(f"rollout.{unknown[0]}: not a rollout setting (allowed {', '.join(names)})")
+        return cls(**dict(cfg))
 
 
 @dataclass(frozen=True)

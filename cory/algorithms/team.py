@@ -23,6 +23,7 @@ from cory import distributed, runtime
 from cory.algorithms.base import EvalOutput, Report, RunContext, named_parameters
 from cory.checkpoints import check_files, damaged, refuse_nonfinite
 from cory.errors import CheckpointError, ConfigError
+from cory.ppo.backends import make_backends
 from cory.ppo.evaluation import eval_lengths, evaluate
 from cory.preemption import abandonable
 from cory.tasks.base import Task
@@ -98,6 +99,8 @@ class AgentTeam:
         reference = backbone.reference()  # π0: a frozen copy, or the LoRA base with adapters disabled
         self.task: Task = context.task()
         self.agents = {}
+        # what samples each agent's responses (`rollout` group; None: the agent's own Hugging Face `generate`)
+        backends = make_backends(s.rollout, names, learner, backbone, context.device, s.seed)
         for index, name in enumerate(names):
             # initial weights from the run seed alone (both CORY agents start identical); each agent draws its
             # minibatch permutations from its own stream `seed + index` (docs/method.md §1.5)
@@ -111,6 +114,7 @@ class AgentTeam:
                 autocast_dtype=runtime.autocast_dtype(hw.precision),
                 forward_batch_size=hw.forward_batch_size,
                 add_special_tokens=backbone.add_special_tokens,
+                **({"backend": backends[name]} if backends[name] is not None else {}),
             )
         # a learner that compares G samples of one prompt says so by its `group_size` (default 1: one sample each)
         group_size = getattr(learner, "group_size", 1)

@@ -24,9 +24,10 @@ from cory.checkpoints import tensors_of
 from cory.distributed import world_size
 from cory.errors import ConfigError
 from cory.policy import PolicyWithValueHead
+from cory.ppo.backends import HFBackend, RolloutBackend
 from cory.ppo import core as ppo_core
 from cory.ppo.core import KL_ESTIMATORS
-from cory.ppo.rollout import Rollout, forward_logits, generate, pad, score_forward
+from cory.ppo.rollout import Rollout, encode_prompts, forward_logits, pad, score_forward
 
 # The learner block's only written values: `cory/conf/algorithm/ppo.yaml` (experiments change them by small diffs).
 LEARNER_YAML = Path(__file__).resolve().parents[1] / "conf" / "algorithm" / "ppo.yaml"
@@ -126,6 +127,8 @@ class Agent:
         seed: seed of this agent's minibatch-permutation stream.
         device, autocast_dtype, forward_batch_size: placement, mixed precision, rollout micro-batch.
         value_head_seed: seed of the value head built for a bare `model` (default `seed`).
+        backend: what samples the responses (`cory/ppo/backends.py`); default Hugging Face `generate` on the policy.
+            Log-probs, values and KL are always this agent's own forward, whichever backend sampled.
         add_special_tokens: tokenise prompts with the tokenizer's special tokens (the model's choice: Llama's BOS).
     """
 
@@ -145,6 +148,7 @@ class Agent:
         autocast_dtype: torch.dtype | None = None,
         forward_batch_size: int = 64,
         value_head_seed: int | None = None,
+        backend: RolloutBackend | None = None,
         add_special_tokens: bool = False,
     ) -> None:
         self.name, self.config, self.tokenizer = name, config, tokenizer
@@ -171,6 +175,10 @@ class Agent:
         self.forward_batch_size = forward_batch_size
         self.steps_since_load = 0
         self.advantage_stats: dict[str, float] = {}  # what `advantages` reports of the last update (none for GAE)
+        self.backend = backend if backend is not None else HFBackend(self.policy, tokenizer, self.device)
+        # the backend is synced before a generation whenever the policy's `weights_version` moved since the last sync;
+        # it lives on the policy handle, so an agent sharing another's policy sees that agent's updates too
+        self._synced_version: int | None = None
         self.policy.eval()  # dropout off in every PPO forward, as TRL (§2.1)
 
     # ------------------------------------------------------------------------------------------------ acting
@@ -197,18 +205,14 @@ class Agent:
         of TRL's training loop and must not confound a before/after comparison (docs/method.md §2.1, §1.6).
         """
         train_mode = self.config.generate_in_train_mode and self.steps_since_load > 0 and not evaluation
+        prompt_ids = encode_prompts(self.tokenizer, prompts, self.add_special_tokens)
+        version = getattr(self.policy, "weights_version", 0)
+        if self._synced_version != version:
+            self.backend.sync_weights(self.policy)
+            self._synced_version = version
         self.policy.train(train_mode)
         with self._autocast():
-            prompt_ids, response_ids = generate(
-                self.policy,
-                self.tokenizer,
-                prompts,
-                max_new_tokens,
-                generation_kwargs,
-                self.device,
-                batch_size,
-                self.add_special_tokens,
-            )
+            response_ids = self.backend.generate(prompt_ids, max_new_tokens, generation_kwargs, batch_size)
         self.policy.eval()
         if lengths is not None:
             response_ids = [r[:n] for r, n in zip(response_ids, lengths)]
@@ -305,6 +309,7 @@ class Agent:
         kl_seq = (rollout.kls * mask).sum(-1)
         self.kl_ctl.update(kl_seq.mean().item(), batch_size * world_size())
         self.steps_since_load += 1
+        self.weights_changed()
         out = {k: float(np.mean([s[k] for s in stats])) for k in stats[0]}
         out.update(
             kl=kl_seq.mean().item(),
@@ -379,6 +384,10 @@ class Agent:
                 "ratio_threshold_hit": float(hit),
             }
 
+    def weights_changed(self) -> None:
+        """Mark the policy's weights as changed: the rollout backend is synced before the next generation."""
+        self.policy.weights_version = getattr(self.policy, "weights_version", 0) + 1
+
     def context_length(self) -> int | None:
         """The model's context in positions (None when its config does not say)."""
         config = self.policy.pretrained_model.config.get_text_config()
@@ -440,6 +449,7 @@ class Agent:
             "steps_since_load": self.steps_since_load,
         }
         (directory / "agent.json").write_text(json.dumps(state))
+        self.weights_changed()
 
     def load(self, directory: Path) -> None:
         """Inverse of `save`; the optimiser state is read with `weights_only=True` (no pickle execution)."""

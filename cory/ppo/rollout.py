@@ -100,6 +100,14 @@ def generation_config(max_new_tokens: int, generation_kwargs: dict, tokenizer: P
     )
 
 
+def encode_prompts(
+    tokenizer: PreTrainedTokenizerBase, prompts: list[str], add_special_tokens: bool = False
+) -> list[torch.Tensor]:
+    """Per-prompt 1-D ids, as every backend receives them (`add_special_tokens`: the model's choice, Llama's BOS)."""
+    encoded = tokenizer(list(prompts), add_special_tokens=add_special_tokens)["input_ids"]
+    return [torch.tensor(ids, dtype=torch.long) for ids in encoded]
+
+
 @torch.no_grad()
 def generate(
     model: torch.nn.Module,
@@ -111,18 +119,34 @@ def generate(
     batch_size: int,
     add_special_tokens: bool = False,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Sample responses for `prompts` in batches of `batch_size` with left padding.
+    """Sample responses for `prompts`: `encode_prompts`, then `generate_ids`.
+
+    Returns per-sample 1-D prompt ids and response ids (truncated after the first EOS, EOS kept).
+    """
+    prompt_ids = encode_prompts(tokenizer, prompts, add_special_tokens)
+    responses = generate_ids(model, tokenizer, prompt_ids, max_new_tokens, generation_kwargs, device, batch_size)
+    return prompt_ids, responses
+
+
+@torch.no_grad()
+def generate_ids(
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    prompt_ids: list[torch.Tensor],
+    max_new_tokens: int,
+    generation_kwargs: dict,
+    device: torch.device,
+    batch_size: int,
+) -> list[torch.Tensor]:
+    """Hugging Face `generate` for 1-D `prompt_ids` in batches of `batch_size` with left padding.
 
     `model` is anything with Hugging Face's `generate` (a `cory.policy.PolicyWithValueHead` activates its adapter
-    first). `add_special_tokens` is the model's choice (`model.add_special_tokens`: Llama's BOS).
-    Returns per-sample 1-D prompt ids and response ids (truncated after the first EOS, EOS kept).
+    first). Returns per-sample 1-D response ids, truncated after the first EOS (EOS kept).
     """
     config = generation_config(max_new_tokens, generation_kwargs, tokenizer)
     extra = {k: v for k, v in generation_kwargs.items() if k not in config.to_dict()}
-    encoded = tokenizer(list(prompts), add_special_tokens=add_special_tokens)["input_ids"]
-    prompt_ids = [torch.tensor(ids, dtype=torch.long) for ids in encoded]
     responses: list[torch.Tensor] = []
-    for start in range(0, len(prompts), batch_size):
+    for start in range(0, len(prompt_ids), batch_size):
         chunk = prompt_ids[start : start + batch_size]
         ids, mask = pad(chunk, tokenizer.pad_token_id, left=True)
         ids, mask = ids.to(device), mask.to(device)
@@ -130,7 +154,7 @@ def generate(
         out = out.cpu()[:, ids.shape[1] :]
         keep = truncate_after_eos(out, tokenizer.eos_token_id)
         responses += [row[: int(k.sum())] for row, k in zip(out, keep)]
-    return prompt_ids, responses
+    return responses
 
 
 def forward_logits(
