@@ -63,11 +63,11 @@ def build_backbone(model_cfg: DictConfig, device) -> Backbone:
 
 
 def build_context(cfg: DictConfig, run_dir: Path) -> RunContext:
-    """Seed the run, join a launcher's process group, and hand out the model and task lazily (loaded once, on
-    the algorithm's first request, after it has checked its own settings)."""
+    """Seed the run, join a launcher's process group (through accelerate: `cory/distributed.py`), and hand out the
+    model and task lazily (loaded once, on the algorithm's first request, after it has checked its own settings)."""
     hardware = HardwareSettings.from_config(cfg.hardware)
     runtime.seed_everything(cfg.seed, hardware.deterministic)
-    device = distributed.init_from_env(runtime.resolve_device(hardware.device))  # accelerate/torchrun
+    device = distributed.setup(cfg.hardware, runtime.resolve_device(hardware.device))
 
     @functools.cache
     def model():

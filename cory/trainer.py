@@ -172,6 +172,7 @@ class Trainer:
         self.bad_streak = self.bad_streak + 1 if out.nonfinite else 0
         self.nonfinite_iterations += int(out.nonfinite)
         metrics[NONFINITE_ITERATIONS] = float(self.nonfinite_iterations)
+        metrics = distributed.mean_metrics(metrics)  # data parallel: rank 0 logs the means over processes
         self._log(metrics, step=k, samples=out.samples)
         self._check_weights(k)
         bar.set_postfix({key: f"{v:.3f}" for key, v in out.headline.items()}, refresh=False)

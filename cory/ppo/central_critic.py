@@ -21,9 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cory import runtime
+from cory import distributed, runtime
 from cory.checkpoints import tensors_of
-from cory.distributed import world_size
 from cory.policy import PolicyWithValueHead
 from cory.ppo import core as ppo_core
 from cory.ppo.learner import Agent, PPOConfig
@@ -212,11 +211,7 @@ class CentralCritic:
 
     def _optimizer_step(self) -> bool:
         params = self.trainable_parameters()
-        if world_size() > 1:
-            for p in params:
-                if p.grad is not None:
-                    torch.distributed.all_reduce(p.grad)
-                    p.grad /= world_size()
+        distributed.average_gradients(params)  # the agents' path: accelerate's mean over processes
         if not runtime.all_finite([p.grad for p in params if p.grad is not None]):
             self.optimizer.zero_grad()
             return False

@@ -19,9 +19,8 @@ import torch
 import yaml
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from cory import runtime
+from cory import distributed, runtime
 from cory.checkpoints import tensors_of
-from cory.distributed import world_size
 from cory.errors import ConfigError
 from cory.policy import PolicyWithValueHead
 from cory.ppo.backends import HFBackend, RolloutBackend
@@ -307,7 +306,8 @@ class Agent:
                 break
         # 5. adaptive KL control on the batch-mean sequence KL (§2.8)
         kl_seq = (rollout.kls * mask).sum(-1)
-        self.kl_ctl.update(kl_seq.mean().item(), batch_size * world_size())
+        # as TRL: the mean KL over processes, counted as batch_size × world_size samples (cory/distributed.py)
+        self.kl_ctl.update(distributed.mean(kl_seq.mean().item()), batch_size * distributed.world_size())
         self.steps_since_load += 1
         self.weights_changed()
         out = {k: float(np.mean([s[k] for s in stats])) for k in stats[0]}
@@ -420,11 +420,7 @@ class Agent:
     def _optimizer_step(self) -> bool:
         """Average gradients across processes, clip, step; a non-finite gradient skips the step (False)."""
         params = self.trainable_parameters()
-        if world_size() > 1:  # data-parallel: average gradients over processes (cory/distributed.py)
-            for p in params:
-                if p.grad is not None:
-                    torch.distributed.all_reduce(p.grad)  # SUM then divide: gloo has no AVG
-                    p.grad /= world_size()
+        distributed.average_gradients(params)  # data parallel: accelerate's mean over processes (one process: no-op)
         if not runtime.all_finite([p.grad for p in params if p.grad is not None]):
             self.optimizer.zero_grad()
             return False

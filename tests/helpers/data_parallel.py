@@ -1,0 +1,87 @@
+"""One PPO update of each agent on fixed rollouts, in W processes (under `torchrun`) or in one that stands for them.
+
+`python tests/helpers/data_parallel.py OUT ALGORITHM --emulate W` (one process, the whole batch of W×B rows) or
+`torchrun --nproc_per_node W tests/helpers/data_parallel.py OUT ALGORITHM` (process r takes rows r·B…(r+1)·B).
+Each writes OUT/rank<r>.pt: every agent's trainable parameters, Adam's step count and β after `learn`.
+The agents are built as a run builds them (`experiment=smoke`; CORY: two LoRA adapters on one base, the reference
+that base with adapters disabled) and the engine is joined as a run joins it (`cory.distributed.setup`).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[2])]
+
+from cory import build, distributed  # noqa: E402
+from cory.ppo.learner import Agent  # noqa: E402
+from helpers.compose import compose_cfg  # noqa: E402
+from helpers.from_config import agent_from  # noqa: E402
+
+B = 4  # rows per process
+PROMPT, RESPONSE = 5, 6  # equal lengths: every row has the same number of response tokens (see the test)
+
+
+def fixed_rollout_tokens(rows: int, seed: int) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, 256, (PROMPT,), generator=g) for _ in range(rows)]
+    responses = [torch.randint(0, 256, (RESPONSE,), generator=g) for _ in range(rows)]
+    return prompts, responses, torch.randn(rows, generator=g)
+
+
+def per_slice_advantages(agent: Agent, slices: int):
+    """GAE whitened over each process's slice, as each of `slices` processes whitens its own (TRL's semantics)."""
+
+    def advantages(rewards, values, mask):
+        chunks = zip(rewards.chunk(slices), values.chunk(slices), mask.chunk(slices))
+        parts = [Agent.advantages(agent, *x) for x in chunks]
+        return torch.cat([a for a, _ in parts]), torch.cat([r for _, r in parts])
+
+    return advantages
+
+
+def main(out: Path, algorithm: str, emulate: int) -> None:
+    world = int(emulate) or 1
+    rows = B * world if emulate else B  # one process holds the whole batch; W processes a slice each
+    cfg = compose_cfg(
+        [
+            "experiment=smoke",
+            f"algorithm={algorithm}",
+            f"model.lora.enabled={algorithm == 'cory'}",
+            f"algorithm.agent.mini_batch_size={rows}",  # one minibatch per epoch: the whole (local) batch
+            "algorithm.agent.ppo_epochs=2",
+            "algorithm.agent.max_grad_norm=1.0",  # clipping must see the averaged gradient
+        ]
+    )
+    device = distributed.setup(cfg.hardware, torch.device("cpu"))
+    backbone = build.build_backbone(cfg.model, device)
+    reference = backbone.reference()
+    names = ["llm1", "llm2"] if algorithm == "cory" else ["llm1"]
+    agents = [agent_from(cfg, backbone, reference, name, seed=i) for i, name in enumerate(names)]
+    result = {}
+    for i, agent in enumerate(agents):
+        prompts, responses, scores = fixed_rollout_tokens(B * (int(emulate) or distributed.world_size()), seed=10 + i)
+        lo = 0 if emulate else distributed.rank() * B
+        sl = slice(lo, lo + rows)
+        if emulate:
+            agent.advantages = per_slice_advantages(agent, world)
+        rollout = agent.score_tokens(prompts[sl], responses[sl])
+        stats = agent.learn(rollout, scores[sl])
+        steps = [s["step"] for s in agent.optimizer.state.values()]
+        result[agent.name] = {
+            "params": {str(k): p.detach().clone() for k, p in enumerate(agent.trainable_parameters())},
+            "kl_coef": agent.kl_ctl.value,
+            "adam_steps": float(steps[0]),
+            "policy_loss": stats["policy_loss"],
+        }
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save(result | {"world_size": distributed.world_size()}, out / f"rank{distributed.rank()}.pt")
+    distributed.close()
+
+
+if __name__ == "__main__":
+    emulate = int(sys.argv[sys.argv.index("--emulate") + 1]) if "--emulate" in sys.argv else 0
+    main(Path(sys.argv[1]), sys.argv[2], emulate)
