@@ -46,7 +46,7 @@ parity: .venv-trl/.installed  ## our PPO update vs TRL 0.11.4's PPOTrainer.step 
 	PYTHONPATH=. .venv-trl/bin/python scripts/check_trl_parity.py --extra --out outputs/trl_parity.json
 	PYTHONPATH=. .venv-trl/bin/python -m pytest -q tests/test_trl_parity.py
 
-gpu-check: install  ## on a CUDA machine: 4-bit + LoRA PPO and CORY, 2 iterations, peak memory and s/iter
+gpu-check: install  ## on a CUDA machine (2-3 min): 4-bit LoRA PPO/CORY, bf16 KL, vLLM vs HF, DDP, CORY/PPO time
 	$(PY) -m pip install -q -r requirements-gpu.txt
 	bash scripts/gpu_check.sh
 

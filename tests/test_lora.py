@@ -16,7 +16,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -308,27 +307,3 @@ def test_4bit_lora_on_a_gpu(tmp_path, algorithm):
         assert all(v == v for v in agent.values())  # finite (no NaN)
     files = {p.name for p in (tmp_path / "run" / "checkpoints").rglob("*.safetensors")}
     assert "adapter_model.safetensors" in files and "policy.safetensors" not in files
-
-
-def _gpu_check(tmp_path, *overrides: str) -> str:
-    env = os.environ | {"PY": sys.executable, "OUT": str(tmp_path / "out"), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run(
-        ["bash", "scripts/gpu_check.sh", *overrides], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    return out.stdout
-
-
-def test_gpu_check_script_runs_both_algorithms_and_reports(tmp_path):
-    """The device script's wiring and report, run here on the CPU without 4 bit and with the tiny width."""
-    small = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_attention_heads=4"]
-    stdout = _gpu_check(tmp_path, "hardware=cpu", "model.load_in_4bit=false", *small, "model.num_key_value_heads=2")
-    lines = [line for line in stdout.splitlines() if "s/iteration" in line]
-    assert [line.split(":")[0] for line in lines] == ["cory", "ppo"]
-    assert all("peak GPU memory" in line and "over 2 iterations" in line for line in lines)
-
-
-@pytest.mark.gpu
-def test_gpu_check_script_on_a_gpu(tmp_path):
-    """`bash scripts/gpu_check.sh` as printed in the README (needs bitsandbytes: requirements-gpu.txt)."""
-    assert _gpu_check(tmp_path).count("s/iteration") == 2
