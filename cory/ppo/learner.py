@@ -23,8 +23,8 @@ from cory import distributed, runtime
 from cory.checkpoints import tensors_of
 from cory.errors import ConfigError
 from cory.policy import PolicyWithValueHead
-from cory.ppo.backends import HFBackend, RolloutBackend
 from cory.ppo import core as ppo_core
+from cory.ppo.backends import HFBackend, RolloutBackend
 from cory.ppo.core import KL_ESTIMATORS
 from cory.ppo.rollout import Rollout, encode_prompts, forward_logits, pad, score_forward
 
@@ -126,9 +126,9 @@ class Agent:
         seed: seed of this agent's minibatch-permutation stream.
         device, autocast_dtype, forward_batch_size: placement, mixed precision, rollout micro-batch.
         value_head_seed: seed of the value head built for a bare `model` (default `seed`).
+        add_special_tokens: tokenise prompts with the tokenizer's special tokens (the model's choice: Llama's BOS).
         backend: what samples the responses (`cory/ppo/backends.py`); default Hugging Face `generate` on the policy.
             Log-probs, values and KL are always this agent's own forward, whichever backend sampled.
-        add_special_tokens: tokenise prompts with the tokenizer's special tokens (the model's choice: Llama's BOS).
     """
 
     # Whether the update trains this agent's value head (PPO's value loss, §2.6). Learners without one of their own
@@ -147,8 +147,8 @@ class Agent:
         autocast_dtype: torch.dtype | None = None,
         forward_batch_size: int = 64,
         value_head_seed: int | None = None,
-        backend: RolloutBackend | None = None,
         add_special_tokens: bool = False,
+        backend: RolloutBackend | None = None,
     ) -> None:
         self.name, self.config, self.tokenizer = name, config, tokenizer
         self.device = torch.device(device)
@@ -174,11 +174,11 @@ class Agent:
         self.forward_batch_size = forward_batch_size
         self.steps_since_load = 0
         self.advantage_stats: dict[str, float] = {}  # what `advantages` reports of the last update (none for GAE)
+        self.policy.eval()  # dropout off in every PPO forward, as TRL (§2.1)
         self.backend = backend if backend is not None else HFBackend(self.policy, tokenizer, self.device)
         # the backend is synced before a generation whenever the policy's `weights_version` moved since the last sync;
         # it lives on the policy handle, so an agent sharing another's policy sees that agent's updates too
         self._synced_version: int | None = None
-        self.policy.eval()  # dropout off in every PPO forward, as TRL (§2.1)
 
     # ------------------------------------------------------------------------------------------------ acting
     def _autocast(self) -> contextlib.AbstractContextManager:
@@ -204,12 +204,12 @@ class Agent:
         of TRL's training loop and must not confound a before/after comparison (docs/method.md §2.1, §1.6).
         """
         train_mode = self.config.generate_in_train_mode and self.steps_since_load > 0 and not evaluation
+        self.policy.train(train_mode)
         prompt_ids = encode_prompts(self.tokenizer, prompts, self.add_special_tokens)
         version = getattr(self.policy, "weights_version", 0)
         if self._synced_version != version:
             self.backend.sync_weights(self.policy)
             self._synced_version = version
-        self.policy.train(train_mode)
         with self._autocast():
             response_ids = self.backend.generate(prompt_ids, max_new_tokens, generation_kwargs, batch_size)
         self.policy.eval()
@@ -445,11 +445,11 @@ class Agent:
             "steps_since_load": self.steps_since_load,
         }
         (directory / "agent.json").write_text(json.dumps(state))
-        self.weights_changed()
 
     def load(self, directory: Path) -> None:
         """Inverse of `save`; the optimiser state is read with `weights_only=True` (no pickle execution)."""
         self.policy.load_weights(directory)
+        self.weights_changed()
         optimizer_state = torch.load(directory / "optimizer.pt", weights_only=True)
         for group, saved in zip(self.optimizer.param_groups, optimizer_state["param_groups"]):
             saved["fused"] = group["fused"]  # the kernel is this machine's choice (`_new_optimizer`), not the file's
