@@ -28,6 +28,7 @@ from cory.maft.metrics import (
     mean_and_se,
     pairwise_dissimilarity,
 )
+from cory.maft.outcomes import read_outcomes
 from cory.tasks.problems import Problem
 
 PROBLEMS = [Problem("What is the result of 2+3?", "5"), Problem("What is the result of 4+4?", "8")]
@@ -227,6 +228,44 @@ def test_one_iteration_is_one_round_and_the_evaluation_after_k_rounds_is_round_k
     assert len(maft.pool.calls) == calls + 4  # only debate round 2 was left: the base's summaries, three critics
     assert evaluation.metrics["maft/eval/accuracy"] == 1.0 and evaluation.tables[0][0] == "maft/debates"
     assert maft.describe() == {"algorithm": "maft", "num_agents": 3, "single_agent_ft": False}
+
+
+def test_each_evaluation_writes_its_outcomes_once_and_whole_across_resumes(tmp_path):
+    """eval_outcomes.jsonl gets one row per held-out problem and evaluation, whose means are the logged accuracies;
+    a resumed start that evaluates again (its debate read back) adds nothing, one that finds the last line cut by a
+    kill completes it, and the evaluation after round 1 follows round 0's."""
+    maft = make_maft(tmp_path, tagged_answer)
+    metrics = maft.evaluate(0, final=True, should_stop=lambda: False).metrics
+    path = tmp_path / "eval_outcomes.jsonl"
+    rows = read_outcomes(path)
+    # tagged_answer: gen1 and gen3 wrong on problem 0 (round-1 vote "0": wrong), gen2 on problem 1; critics right
+    assert [(r["iteration"], r["problem"], r["truth"]) for r in rows] == [(0, 0, "5"), (0, 1, "8")]
+    assert [[r[k] for k in ("vote", "round1_majority", "gen1", "gen2", "gen3", "critic1")] for r in rows] == [
+        [1, 0, 0, 1, 0, 1],
+        [1, 1, 1, 0, 1, 1],
+    ]
+    assert [r["single_sample"] for r in rows] == [1 / 3, 2 / 3]
+    assert metrics["maft/eval/round1_majority_accuracy"] == 0.5 and metrics["maft/eval/gen2/accuracy"] == 0.5
+    whole = path.read_bytes()
+
+    again = make_maft(tmp_path, tagged_answer)  # a resumed start: the held-out debate of round 0 is saved
+    repeated = again.evaluate(0, final=True, should_stop=lambda: False).metrics
+    assert {k: v for k, v in repeated.items() if k != "time/eval_s"} == {
+        k: v for k, v in metrics.items() if k != "time/eval_s"
+    }
+    assert not again.pool.calls and path.read_bytes() == whole  # read back, nothing written twice
+    path.write_bytes(whole[:-20])  # killed while appending problem 1's row
+    make_maft(tmp_path, tagged_answer).evaluate(0, final=True, should_stop=lambda: False)
+    assert path.read_bytes() == whole
+
+    maft.step(0)
+    maft.evaluate(1, final=True, should_stop=lambda: False)
+    after = read_outcomes(path)
+    assert path.read_bytes().startswith(whole) and [(r["iteration"], r["problem"]) for r in after[2:]] == [
+        (1, 0),
+        (1, 1),
+    ]
+    assert [r["id"] for r in after[2:]] == [r["id"] for r in rows]  # the same problems: a paired test applies
 
 
 def test_metrics_on_hand_made_debates():

@@ -14,7 +14,9 @@ used only to score (or, with `filter=ground_truth`, to select the data, as in ST
 Before any fine-tuning (round 0) and after every round the agents debate the held-out problems: the final vote's
 accuracy ± s.e. is the paper's metric, and round 0 holds the free baselines (one sample, round-1 majority, debate
 without fine-tuning). `single_agent_ft=true` is the single-agent FT baseline: one shared model, trained on all the
-agents' data together, plays every role.
+agents' data together, plays every role. Every evaluation also appends each problem's 0/1 outcomes to the run
+folder's `eval_outcomes.jsonl` (`cory.maft.outcomes`): two evaluations score the same problems, so their difference
+is judged by a paired test (`scripts/paired_test.py`).
 
 Through the trainer (`cory.algorithms.base.Algorithm`), one iteration is one fine-tuning round and the run-level
 `iterations` is the number of rounds L:
@@ -60,6 +62,7 @@ from cory.maft.debate import (
     summary_request,
 )
 from cory.maft.metrics import critic_name, debate_metrics, embedding_metrics, gen_name, load_encoder
+from cory.maft.outcomes import OUTCOMES_FILE, append_outcomes, outcome_rows
 from cory.maft.sft import SFTSettings
 from cory.maft.store import RunStore
 from cory.preemption import abandonable
@@ -400,8 +403,13 @@ class MAFT:
         records = self.debate(problems, EVAL, k, should_stop)
         if records is None:
             return None
-        votes = self.votes(records, EVAL, k, self.debate_rounds - 1)
-        metrics = debate_metrics(records, votes, self.votes(records, EVAL, k, 0), EVAL)
+        votes, round1_votes = self.votes(records, EVAL, k, self.debate_rounds - 1), self.votes(records, EVAL, k, 0)
+        metrics = debate_metrics(records, votes, round1_votes, EVAL)
+        # every problem's outcomes, for paired tests between rounds and runs (they score the same problems)
+        outcomes = self.store.run_dir / OUTCOMES_FILE
+        replaced = append_outcomes(outcomes, outcome_rows(k, records, votes, round1_votes))
+        if replaced:
+            runtime.say(f"[maft] {outcomes}: {replaced} rows of round {k} were of other problems; replaced")
         if self.encoder is not None:
             metrics |= embedding_metrics(records, self.encoder, EVAL)
         samples = []

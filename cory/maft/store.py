@@ -1,7 +1,8 @@
 """MAFT's stage cache in the run folder: every finished stage is a file, so a resumed run recomputes none of it.
 
-The trainer owns the run folder (config, metrics.jsonl, samples.jsonl, checkpoints, summary.json, curves.png); the
-algorithm keeps its stages under `rounds/` (k is the fine-tuning round; round 0 is the base agents' evaluation):
+The trainer owns the run folder (config, metrics.jsonl, samples.jsonl, checkpoints, summary.json, curves.png), the
+held-out evaluations add eval_outcomes.jsonl (`cory.maft.outcomes`), and the algorithm keeps its stages under
+`rounds/` (k is the fine-tuning round; round 0 is the base agents' evaluation):
 
     rounds/<k>/train_debate_r<r>.jsonl         the debate that labels round k's data, after debate round r
     rounds/<k>/data/<agent>.jsonl              each agent's fine-tuning conversations of round k
