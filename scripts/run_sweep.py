@@ -14,9 +14,9 @@ The jobs are exactly those of `python -m cory.train -m <the same overrides>`: th
 So a sweep killed at any point (Ctrl-C, `kill`, a reboot) continues where its checkpoints stand. Ctrl-C or SIGTERM
 to this driver is passed once to every running job, which finishes its iteration, checkpoints and exits; if the
 driver itself is killed with SIGKILL, its jobs get SIGTERM (Linux). Each job's output goes to `<DIR>/logs/`.
-With `--results RESULTS`, each finished job's small files (`RESULT_FILES`: metrics, summary, config, overrides; no
-checkpoint or weight) are copied to `RESULTS/<the job's folder name>/` as soon as it finishes, so that they can be
-committed run by run while the run folders (gigabytes of checkpoints) stay out of git.
+With `--results RESULTS`, each finished job's small files (`RESULT_FILES`: metrics, summary, MAFT's per-problem
+outcomes, config, overrides; no checkpoint or weight) are copied to `RESULTS/<the job's folder name>/` as soon as it
+finishes, so that they can be committed run by run while the run folders (gigabytes of checkpoints) stay out of git.
 At the end the sweep is summarised like a `-m` multirun (`cory.callbacks.summarise_sweep`): `frontier.{png,csv,
 json}` in DIR and, with `logger=wandb`, the W&B summary run of the sweep's group.
 """
@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))  # `python scripts/run_sweep.py` runs from the che
 
 LOCK = ".run_sweep.pid"
 # what `--results` keeps of a finished run: enough to redraw its curves and recompute every statistic
-RESULT_FILES = ("summary.json", "metrics.jsonl", "run_config.yaml", ".hydra/overrides.yaml")
+RESULT_FILES = ("summary.json", "metrics.jsonl", "eval_outcomes.jsonl", "run_config.yaml", ".hydra/overrides.yaml")
 
 
 def compose(overrides: list[str]):

@@ -2,9 +2,10 @@
 
 - `python -m cory.train experiment=maft_smoke` writes the run folder: metrics (the evaluation after k rounds at
   iteration k, round k + 1's fine-tuning at iteration k), samples, summary.json with the baselines and every round,
-  curves.png, checkpoints with every agent's weights; `resume=` of the finished run does nothing.
+  curves.png, eval_outcomes.jsonl (whose means are the logged accuracies, read by scripts/paired_test.py),
+  checkpoints with every agent's weights; `resume=` of the finished run does nothing.
 - A run SIGKILLed during round 1's SFT, resumed, SIGKILLed again during round 2's debate, resumed again: its
-  metrics.jsonl equals an uninterrupted run's, and no stage it had finished is computed twice.
+  metrics.jsonl and eval_outcomes.jsonl equal an uninterrupted run's, and no stage it had finished is computed twice.
 - SIGTERM during a held-out debate: the trainer checkpoints and exits cleanly; the resume finishes that debate.
 - Bad settings and damaged checkpoints are refused in one line; full copies with the single-agent FT baseline; the
   config group binds to its targets; the MiniLM diversity metric.
@@ -44,16 +45,25 @@ from cory.errors import CheckpointError, ConfigError
 from cory.maft.agents import LoraAgents
 from cory.maft.debate import DebateRecord
 from cory.maft.metrics import is_maft_metric
+from cory.maft.outcomes import read_outcomes
 from cory.metrics import RUN_METRICS
 from cory.tasks.problems import Problem
 
 CONF = Path(__file__).resolve().parents[1] / "cory" / "conf"
+spec = importlib.util.spec_from_file_location("paired_test", REPO / "scripts" / "paired_test.py")
+paired_test = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(paired_test)
 SMOKE = ["experiment=maft_smoke", "progress=false"]
 AGENTS = ("gen1", "gen2", "critic1", "critic2")
 
 
 def rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def outcomes(run_dir: Path) -> str:
+    """eval_outcomes.jsonl as text: whole lines, each evaluation once, in the order they were made."""
+    return (run_dir / "eval_outcomes.jsonl").read_text()
 
 
 def kinds(logged: list[dict]) -> list[tuple[int, str]]:
@@ -106,6 +116,17 @@ def test_the_entrypoint_runs_maft_smoke_and_a_finished_run_is_not_redone(tmp_pat
     assert "[cory] round 0: held-out accuracy" in out and "[cory] round 1: held-out accuracy" in out
     tables = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
     assert {t["iteration"] for t in tables} == {0, 1} and {"gen1", "critic2", "vote"} <= set(tables[0])
+    # each evaluation's per-problem outcomes, whose means are its logged accuracies; the paired test reads them
+    outcomes = read_outcomes(run_dir / "eval_outcomes.jsonl")
+    assert [(r["iteration"], r["problem"]) for r in outcomes] == [(k, i) for k in (0, 1) for i in range(4)]
+    for k, row in ((0, base), (1, after)):
+        mine = [r for r in outcomes if r["iteration"] == k]
+        for stat, key in [("vote", "accuracy"), ("round1_majority", "round1_majority_accuracy"), ("critic2", "")]:
+            assert sum(r[stat] for r in mine) / 4 == row[f"maft/eval/{key or stat + '/accuracy'}"], (k, stat)
+    capsys.readouterr()
+    assert paired_test.main([str(run_dir), "--iteration", "1", str(run_dir), "--iteration", "0"]) == 0
+    accuracies = f"A {after['maft/eval/accuracy']:.3f}, B {base['maft/eval/accuracy']:.3f}"
+    assert f"vote on the same n = 4 problems: {accuracies}" in capsys.readouterr().out
 
     # the checkpoint holds every agent's weights after round 1, as the stage cache does
     checkpoint = latest_checkpoint(run_dir)
@@ -115,7 +136,8 @@ def test_the_entrypoint_runs_maft_smoke_and_a_finished_run_is_not_redone(tmp_pat
     assert same_weights(weights(checkpoint / "algorithm"), weights(run_dir / "rounds" / "1" / "weights"))
 
     # resume= of the finished run: said, and nothing is computed or written again
-    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (run_dir / "summary.json", run_dir / "metrics.jsonl")}
+    kept = ("summary.json", "metrics.jsonl", "eval_outcomes.jsonl")
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (run_dir / name for name in kept)}
     code, out, err = run_main_output(monkeypatch, capsys, f"resume={run_dir}")
     assert code == 0, err[-3000:]
     assert "already completed its 1 iterations; nothing to do" in out and "[maft]" not in out
@@ -257,6 +279,7 @@ def test_sigkill_mid_round_then_resume_equals_an_uninterrupted_run(tmp_path, tmp
     assert "from iter_000001 (iteration 1)" in said
     assert "round 2: train debate, round 1/2" not in said and "[maft] round 2: train debate, round 2/2" in said
     assert_same_rows(rows(run_dir), rows(want))
+    assert outcomes(run_dir) == outcomes(want)  # round 0's evaluation, done by two starts, is there once
     assert {p: p.stat().st_mtime_ns for p in finished} == finished  # no finished stage was written again
     final = latest_checkpoint(run_dir)
     assert final.name == "iter_000002"
@@ -279,7 +302,7 @@ def test_sigterm_during_a_held_out_debate_checkpoints_and_the_resume_finishes_it
         assert proc.wait(timeout=120) == 0
     finally:
         proc.kill()
-    said = output(marker)
+    said = output(marker) + marker.with_suffix(".err").read_text()  # the signal handler writes to stderr
     assert "SIGTERM received" in said and f"resume={run_dir}" in said and "checkpoint saved" in said
     assert "[maft] round 1: eval debate, round 2/2" not in said  # it stopped between the two debate rounds
     checkpoint = latest_checkpoint(run_dir)
@@ -294,6 +317,7 @@ def test_sigterm_during_a_held_out_debate_checkpoints_and_the_resume_finishes_it
     assert "round 1: eval debate, round 1/2" not in said and "[maft] round 1: eval debate, round 2/2" in said
     assert {p: p.stat().st_mtime_ns for p in first_round} == first_round
     assert_same_rows(rows(run_dir), rows(want))
+    assert outcomes(run_dir) == outcomes(want)
     assert json.loads((run_dir / "summary.json").read_text())["completed"] is True
 
 

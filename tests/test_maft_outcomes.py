@@ -215,3 +215,12 @@ def test_the_command_refuses_in_one_line(runs, capsys, tmp_path):
         code, out, err = run_cli(capsys, *argv)
         assert code == 2 and not out and err.startswith(message) and err.count("\n") == 1, (argv, err)
     assert json.loads((a / OUTCOMES_FILE).read_text().splitlines()[0])["iteration"] == 0  # nothing was changed
+
+
+def test_the_sweep_runners_results_keep_the_outcomes(runs, tmp_path):
+    spec = importlib.util.spec_from_file_location("run_sweep", REPO / "scripts" / "run_sweep.py")
+    run_sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run_sweep)
+    a, _ = runs
+    run_sweep.collect(a, tmp_path / "results")  # what `run_sweep.py --results` does with a finished run
+    assert (tmp_path / "results" / OUTCOMES_FILE).read_bytes() == (a / OUTCOMES_FILE).read_bytes()
