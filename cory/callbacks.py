@@ -9,10 +9,17 @@
   them to a summary run in the sweep's group (`job_type="summary"`): the per-point table, a scatter chart of
   −KL against task reward and the PNG. Offline, the summary run sits in `<sweep dir>/wandb/` beside the
   sweep's other runs and `wandb sync` uploads it later. A failure here never fails the sweep: one warning line.
+- `SweepSignals`: Ctrl-C or SIGTERM to a `-m` sweep on the joblib launcher stops every running job at a checkpoint
+  and starts no new one (below); the same command with the sweep's folder continues it (`cory.cli`, `cory.train`).
 """
 
 from __future__ import annotations
 
+import functools
+import multiprocessing
+import os
+import shlex
+import signal
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -69,6 +76,8 @@ class FrontierCallback(Callback):
     """Hydra callback: the frontier of a finished multirun, on disk and in W&B (see the module docstring)."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if sweep_stopped_by() is not None:  # its runs are unfinished: the frontier comes when the sweep completes
+            return
         try:
             summarise_sweep(Path(str(config.hydra.sweep.dir)), config)
         except Exception as exc:  # noqa: BLE001 - the runs are done and intact; the summary is a convenience
@@ -131,3 +140,146 @@ def log_frontier_to_wandb(
         )
     finally:
         run.finish()
+
+
+# ---------------------------------------------------------------------------------------- stopping a joblib sweep
+# The joblib launcher runs a sweep's jobs in worker processes (loky) that it starts itself, in the terminal's process
+# group: Ctrl-C reaches the master and every worker, and SIGTERM sent to the master alone reaches no worker. Left to
+# themselves, the master raises KeyboardInterrupt inside joblib, which kills the workers before their runs save,
+# and a master that SIGTERM kills leaves its workers running. So, for the joblib launcher:
+# - the master (`SweepSignals.on_multirun_start`) takes SIGINT and SIGTERM: the first passes SIGTERM to every worker
+#   and waits for the jobs, which return once saved; the same signal again kills the workers and exits (code 130);
+# - every worker holds `_WorkerStop` for the stop signals from its start (joblib's `loky` backend is registered again
+#   for the sweep, with it as the workers' initializer): outside a run it records the signal; a run
+#   being built then stops as its trainer starts (`cory.trainer` reads `stop_signal`), a running one stops through
+#   the trainer's own handler (which hands the signal on here once saved), and the worker starts no further job
+#   (`worker_stopped`, checked by `cory.train`).
+_LOKY_WORKER = "joblib.externals.loky.backend.popen_loky_posix"  # the module a loky worker process runs
+
+
+class _WorkerStop:
+    """A sweep worker's handler for the stop signals while no run of it has its own; remembers the first."""
+
+    stop_signal: str | None = None
+
+    def __call__(self, signum: int, _frame) -> None:
+        if self.stop_signal is None:
+            self.stop_signal = signal.Signals(signum).name
+
+
+_worker_stop: _WorkerStop | None = None
+
+
+def in_sweep_worker() -> bool:
+    """Whether this process is a joblib launcher's (loky) worker."""
+    return multiprocessing.current_process().name.startswith("LokyProcess")
+
+
+def install_worker_signals() -> None:
+    """In a joblib worker: hold the stop signals with `_WorkerStop` from now on (idempotent)."""
+    global _worker_stop
+    if _worker_stop is not None or not in_sweep_worker():
+        return
+    _worker_stop = _WorkerStop()
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, _worker_stop)
+
+
+def worker_stopped() -> str | None:
+    """The stop signal this joblib worker received (it starts no further job), or None."""
+    return _worker_stop.stop_signal if _worker_stop is not None else None
+
+
+def _workers() -> list:
+    """This process's joblib (loky) worker processes; not their resource trackers."""
+    import psutil  # a dependency of accelerate
+
+    found = []
+    for child in psutil.Process().children():
+        try:
+            if _LOKY_WORKER in child.cmdline():
+                found.append(child)
+        except psutil.Error:  # gone meanwhile
+            pass
+    return found
+
+
+def _register_loky(**backend_kwargs: Any) -> None:
+    """joblib's `loky` backend, its workers started with `backend_kwargs` (e.g. an `initializer`), or as it ships."""
+    from joblib import register_parallel_backend
+    from joblib.parallel import LokyBackend
+
+    factory = functools.partial(LokyBackend, **backend_kwargs) if backend_kwargs else LokyBackend
+    register_parallel_backend("loky", factory)
+
+
+_stopped_by: str | None = None  # the signal that stopped this master's sweep
+
+
+def sweep_stopped_by() -> str | None:
+    return _stopped_by
+
+
+def continue_command(config: DictConfig) -> str:
+    """The command that continues this sweep: its own, with its folder named (`hydra.sweep.dir`)."""
+    hydra_cfg = config.hydra
+    internal = ("hydra.sweep.dir=", "hydra.output_subdir=", "hydra.mode=", "hydra.job.config.override_dirname.")
+    hydra_args = [o for o in hydra_cfg.overrides.hydra if not str(o).startswith(internal)]
+    args = ["-m", *map(str, hydra_cfg.overrides.task), *map(str, hydra_args), f"hydra.sweep.dir={hydra_cfg.sweep.dir}"]
+    return shlex.join(["python", "-m", "cory.train", *args])
+
+
+class SweepSignals(Callback):
+    """Hydra callback: SIGINT / SIGTERM stop a joblib sweep at its jobs' checkpoints (see the comment above)."""
+
+    def __init__(self) -> None:
+        self._previous: dict = {}
+        self._continue = ""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        global _stopped_by
+        _stopped_by = None
+        if not str(config.hydra.launcher.get("_target_", "")).endswith("JoblibLauncher"):
+            return  # the basic launcher runs jobs in this process (the trainer handles signals); submitit: its own
+        self._continue = continue_command(config)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._stop)
+        _register_loky(initializer=install_worker_signals)  # the launcher asks joblib for "loky" by name
+
+    def _stop(self, signum: int, _frame) -> None:
+        global _stopped_by
+        name = signal.Signals(signum).name
+        if _stopped_by is None:
+            _stopped_by = name
+            os.write(
+                2,
+                f"\n[cory] {name} received: stopping the sweep; each running job saves its last completed iteration, "
+                f"no new job starts; send it again to abort\n".encode(),
+            )
+            for worker in _workers():  # Ctrl-C reached them too (the trainer ignores a second, different signal)
+                worker.send_signal(signal.SIGTERM)
+        elif name == _stopped_by:
+            for worker in _workers():
+                worker.kill()
+            os.write(
+                2,
+                f"error: sweep aborted ({name} again); each job keeps its last complete checkpoint; continue it "
+                f"with: {self._continue}\n".encode(),
+            )
+            os._exit(130)
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        install_worker_signals()  # in a joblib worker (also done as it starts, by `cory.train`)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if self._previous:
+            _register_loky()
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+        if _stopped_by is not None:
+            print(
+                f"[cory] the sweep stopped on {_stopped_by}: its running jobs saved their last completed iteration "
+                f"and the others were not started. Continue it with: {self._continue}",
+                flush=True,
+            )

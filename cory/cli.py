@@ -109,9 +109,9 @@ def prepare(args: list[str]) -> list[str]:
         elif parsed.multirun or _sweep_file(values):
             sweep_dir = Path(values.get("hydra.sweep.dir", "outputs/multiruns"))
             runs.check_writable(sweep_dir, "hydra.sweep.dir")
-            if "hydra.sweep.dir" in values and primary and (sweep_dir / "multirun.yaml").exists():
-                raise ConfigError(f"hydra.sweep.dir={sweep_dir} already holds a sweep; choose a new folder")
-            extra = _exclude_keys_args(overrides)
+            if "hydra.sweep.dir" in values and (sweep_dir / "multirun.yaml").exists():
+                extra = _continue_sweep(sweep_dir, [o for o in overrides if not _is_hydra_override(o)], primary)
+            extra += _exclude_keys_args(overrides)
         elif primary:
             run_dir = Path(values.get("hydra.run.dir", "outputs/runs"))
             runs.check_writable(run_dir, "hydra.run.dir")
@@ -123,6 +123,30 @@ def prepare(args: list[str]) -> list[str]:
         print(f"error: {one_line(err)}", file=sys.stderr, flush=True)
         sys.exit(2)
     return args + extra
+
+
+def _is_hydra_override(override: str) -> bool:
+    return override_key(override).split(".")[0] == "hydra"
+
+
+def _continue_sweep(sweep_dir: Path, task_overrides: list[str], primary: bool) -> list[str]:
+    """A sweep folder given again (`hydra.sweep.dir=`) with the sweep's own overrides continues that sweep: each job
+    resumes its run (`cory.train`; a finished one does nothing), a job never started starts. Hydra's record of this
+    start goes to `.hydra/resumed/`, leaving each job's first one. Any other sweep there is refused."""
+    try:
+        recorded = OmegaConf.load(sweep_dir / "multirun.yaml").hydra.overrides.task
+        recorded = [str(o) for o in recorded]
+    except Exception:  # noqa: BLE001 - unreadable, or not Hydra's: not a sweep this command can continue
+        recorded = None
+    if recorded != task_overrides:
+        raise ConfigError(
+            f"hydra.sweep.dir={sweep_dir} already holds a sweep"
+            + (f" of other overrides ({' '.join(recorded)})" if recorded else "")
+            + "; rerun that sweep's own command to continue it, or choose a new folder"
+        )
+    if primary:
+        print(f"[cory] continuing the sweep in {sweep_dir}: finished jobs are kept, stopped ones resume", flush=True)
+    return ["hydra.output_subdir=.hydra/resumed"]
 
 
 def _requeued_run(parsed) -> Path | None:

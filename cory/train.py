@@ -23,7 +23,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, read_write
 from omegaconf.errors import OmegaConfBaseException
 
-from cory import build, cli, distributed, runs, runtime
+from cory import build, callbacks, cli, distributed, runs, runtime
 from cory.checkpoints import latest_checkpoint, read_state, truncate_lines
 from cory.config import validate
 from cory.errors import USER_ERRORS, ConfigError, one_line
@@ -198,8 +198,16 @@ def run_reporting_errors(cfg: DictConfig, run_dir: Path, overrides: Sequence[str
 def _hydra_main(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
-    out = run_reporting_errors(cfg, run_dir, list(hc.overrides.task), f"{hc.job.name}.log")
+    overrides = list(hc.overrides.task)
     sweep = hc.mode == RunMode.MULTIRUN
+    if sweep and callbacks.worker_stopped():  # a joblib worker whose sweep was stopped starts no further job
+        runs.remove_if_unused(run_dir, [".hydra", f"{hc.job.name}.log"])
+        return
+    if sweep and not cfg.get("resume") and runs.holds_run(run_dir) and runs.original_overrides(run_dir) == overrides:
+        cfg = cfg.copy()  # the sweep's own command again, into its folder (`cory.cli`): this job continues its run
+        with read_write(cfg):
+            cfg.resume = str(run_dir)
+    out = run_reporting_errors(cfg, run_dir, overrides, f"{hc.job.name}.log")
     if isinstance(out, str):
         if sweep:  # the other jobs still run; `main` reports the failure once the sweep is over
             raise cli.SweepJobError(f"{run_dir}: {out}")

@@ -338,12 +338,13 @@ class Trainer:
             name = signal.Signals(signum).name
             if not self.stop_requested:
                 self.stop_requested, self.stopped_by = True, name
-            # os.write, not print: the handler may interrupt a print to the same stream (a reentrant write fails)
-            os.write(
-                2,
-                f"\n[cory] {name} received: saving the last completed iteration now (one still generating is "
-                f"dropped and redone on resume; one in its update finishes first); send it again to abort\n".encode(),
-            )
+                # os.write, not print: the handler may interrupt a print to the same stream (a reentrant write fails)
+                os.write(
+                    2,
+                    f"\n[cory] {name} received: saving the last completed iteration now (one still generating is "
+                    f"dropped and redone on resume; one in its update finishes first); send it again to "
+                    f"abort\n".encode(),
+                )  # a second, different stop signal (a sweep master's SIGTERM after Ctrl-C) says nothing
             signal.signal(signum, previous.get(signum, signal.SIG_DFL))
             preemption.request_stop()  # inside generation, scoring or evaluation: raises `Abandoned` there
 
@@ -355,6 +356,11 @@ class Trainer:
             pass
         self._previous_handlers = dict(previous)
         preemption.reset()
+        # a handler ours replaced may hold a stop signal that came while the run was being built (a joblib sweep
+        # worker's, `cory.callbacks`): the run stops as if it came now, before its first iteration
+        early = next((h.stop_signal for h in previous.values() if getattr(h, "stop_signal", None)), None)
+        if early is not None:
+            handler(signal.Signals[early], None)
         return previous
 
     def pass_on_stop_signal(self) -> None:

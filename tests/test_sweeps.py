@@ -150,7 +150,22 @@ def test_a_sweep_refuses_a_folder_that_holds_one(tmp_path, monkeypatch, capsys):
     sweep.mkdir()
     (sweep / "multirun.yaml").write_text("{}")
     code, err = run_main(monkeypatch, capsys, "-m", "experiment=smoke", "seed=0,1", f"hydra.sweep.dir={sweep}")
-    assert code == 2 and err == f"error: hydra.sweep.dir={sweep} already holds a sweep; choose a new folder\n"
+    assert code == 2 and err == (
+        f"error: hydra.sweep.dir={sweep} already holds a sweep; rerun that sweep's own command to continue it, or "
+        f"choose a new folder\n"
+    )
+    assert [p.name for p in sweep.iterdir()] == ["multirun.yaml"]
+
+
+def test_a_sweep_folder_holding_another_sweep_is_refused_naming_its_overrides(tmp_path, monkeypatch, capsys):
+    """The same command (`hydra.sweep.dir` included) continues a sweep (tests/test_stop_signals.py); other overrides
+    into its folder would mix two sweeps there."""
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "multirun.yaml").write_text("hydra:\n  overrides:\n    task:\n    - experiment=smoke\n    - seed=0,1\n")
+    code, err = run_main(monkeypatch, capsys, "-m", "experiment=smoke", "seed=0,1,2", f"hydra.sweep.dir={sweep}")
+    assert code == 2 and err.count("\n") == 1
+    assert "already holds a sweep of other overrides (experiment=smoke seed=0,1); rerun that sweep's own" in err
     assert [p.name for p in sweep.iterdir()] == ["multirun.yaml"]
 
 
