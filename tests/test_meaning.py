@@ -32,7 +32,9 @@ from helpers.from_config import learner, task_kwargs
 from helpers.runners import smoke
 
 import cory.algorithms.cory
+import cory.algorithms.cory_variants
 import cory.algorithms.ppo
+import cory.ppo.backends
 import cory.ppo.evaluation
 import cory.ppo.learner
 import cory.ppo.metrics
@@ -142,14 +144,14 @@ def check_evaluation_samples_in_eval_mode(tmp: Path) -> None:
     agent.learn(agent.act(queries[:4], 6, task.generation_kwargs, 4), torch.ones(4))  # TRL: train mode from now
 
     modes: list[bool] = []
-    generate = cory.ppo.learner.generate
+    generate = cory.ppo.backends.generate_ids  # what the default backend (Hugging Face) samples with
 
     def generate_spy(model, *args, **kwargs):
         modes.append(model.training)
         return generate(model, *args, **kwargs)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cory.ppo.learner, "generate", generate_spy)
+        mp.setattr(cory.ppo.backends, "generate_ids", generate_spy)
         torch.manual_seed(0)
         agent.act(queries, 6, task.generation_kwargs, 8)
         assert modes == [True]  # the training-time quirk is live on this agent...
@@ -200,26 +202,39 @@ def check_faithful_swap_restarts_rng_streams_and_length_draws(tmp: Path) -> None
 
 # The runs whose logs the metric checks read: two smoke iterations with every optional statistic switched on. A
 # metric that only some task or option emits needs a run here that emits it.
-METRIC_RUNS = {
-    algorithm: (
-        f"algorithm={algorithm}",
-        "iterations=2",
-        "eval_every=0",
-        "save_every=0",
-        "num_eval=4",
-        "algorithm.agent.use_score_scaling=true",
-        "algorithm.agent.early_stopping=true",
-    )
-    for algorithm in ("ppo", "cory")
-} | {
-    # a reasoning task logs what only it defines (the held-out no-number rate)
-    "arithmetic": ("experiment=gsm8k_smoke", "iterations=1", "eval_every=0", "save_every=0", "num_eval=2"),
-}
+METRIC_RUNS = (
+    {
+        algorithm: (
+            f"algorithm={algorithm}",
+            "iterations=2",
+            "eval_every=0",
+            "save_every=0",
+            "num_eval=4",
+            "algorithm.agent.use_score_scaling=true",
+            "algorithm.agent.early_stopping=true",
+        )
+        for algorithm in ("ppo", "cory")
+    }
+    | {
+        # a reasoning task logs what only it defines (the held-out no-number rate)
+        "arithmetic": ("experiment=gsm8k_smoke", "iterations=1", "eval_every=0", "save_every=0", "num_eval=2"),
+    }
+    | {
+        # the learners and CORY variants that log names of their own (group statistics, schedules, the critic)
+        algorithm: (f"algorithm={algorithm}", "iterations=2", "eval_every=0", "save_every=0", "num_eval=4")
+        for algorithm in ("grpo", "cory_cc", "cory_interleaved", "cory_shared")
+    }
+)
 
 
 def catalogue() -> dict[str, str]:
-    """Every name PPO and CORY runs may log: the trainer's, the PPO learner's and CORY's catalogues."""
-    return RUN_METRICS | cory.ppo.metrics.PPO_METRICS | cory.algorithms.cory.CORY_METRICS
+    """Every name PPO and CORY runs may log: the trainer's, the PPO learner's, CORY's and its variants' catalogues."""
+    return (
+        RUN_METRICS
+        | cory.ppo.metrics.PPO_METRICS
+        | cory.algorithms.cory.CORY_METRICS
+        | cory.algorithms.cory_variants.VARIANT_METRICS
+    )
 
 
 def logged_names(tmp: Path, run: str) -> set[str]:
