@@ -21,11 +21,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cory import distributed, runtime
 from cory.checkpoints import tensors_of
 from cory.policy import PolicyWithValueHead
 from cory.ppo import core as ppo_core
-from cory.ppo.learner import Agent, PPOConfig
+from cory.ppo.learner import Agent, PPOConfig, optimizer_step
 from cory.ppo.rollout import Rollout
 
 
@@ -210,16 +209,7 @@ class CentralCritic:
         return per_agent
 
     def _optimizer_step(self) -> bool:
-        params = self.trainable_parameters()
-        distributed.average_gradients(params)  # the agents' path: accelerate's mean over processes
-        if not runtime.all_finite([p.grad for p in params if p.grad is not None]):
-            self.optimizer.zero_grad()
-            return False
-        if self.config.max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
-        self.optimizer.step()
-        self.optimizer.zero_grad()
-        return True
+        return optimizer_step(self.optimizer, self.trainable_parameters(), self.config.max_grad_norm)  # the agents'
 
     # ------------------------------------------------------------------------------------------ checkpointing
     def trainable_parameters(self) -> list[torch.nn.Parameter]:

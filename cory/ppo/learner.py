@@ -418,17 +418,7 @@ class Agent:
         return torch.optim.Adam(params, lr=self.config.learning_rate, fused=_fused_adam_supported(params))
 
     def _optimizer_step(self) -> bool:
-        """Average gradients across processes, clip, step; a non-finite gradient skips the step (False)."""
-        params = self.trainable_parameters()
-        distributed.average_gradients(params)  # data parallel: accelerate's mean over processes (one process: no-op)
-        if not runtime.all_finite([p.grad for p in params if p.grad is not None]):
-            self.optimizer.zero_grad()
-            return False
-        if self.config.max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
-        self.optimizer.step()
-        self.optimizer.zero_grad()
-        return True
+        return optimizer_step(self.optimizer, self.trainable_parameters(), self.config.max_grad_norm)
 
     # ------------------------------------------------------------------------------------------ checkpointing
     def save(self, directory: Path) -> None:
@@ -467,6 +457,22 @@ class Agent:
         self.kl_ctl.value = self.config.init_kl_coef
         self.score_moments = ppo_core.RunningMoments()
         self.steps_since_load = 0  # the official swap reloads the models
+
+
+def optimizer_step(
+    optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter], max_grad_norm: float | None
+) -> bool:
+    """Average gradients across processes, clip, step; a non-finite gradient skips the step (False). The agents'
+    and the centralised critic's one path (`cory/ppo/central_critic.py`)."""
+    distributed.average_gradients(params)  # data parallel: accelerate's mean over processes (one process: no-op)
+    if not runtime.all_finite([p.grad for p in params if p.grad is not None]):
+        optimizer.zero_grad()
+        return False
+    if max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    optimizer.step()
+    optimizer.zero_grad()
+    return True
 
 
 def _fused_adam_supported(params: list[torch.nn.Parameter]) -> bool:
