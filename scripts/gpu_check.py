@@ -1,7 +1,7 @@
 """The one GPU check a person runs once on a CUDA machine (`make gpu-check`, about 2–3 minutes on one GPU).
 
     pip install -r requirements.txt -r requirements-gpu.txt   # bitsandbytes, vLLM (and a CUDA torch)
-    python scripts/gpu_check.py [--out DIR] [--skip vllm,ddp] [Hydra overrides for the 4-bit runs]
+    python scripts/gpu_check.py [--out DIR] [--skip vllm,ddp] [--ratio "OVERRIDES"] [4-bit runs' overrides]
 
 Checks, each reported as one row of a table (and all of it as JSON in `DIR/gpu_check.json`; `DIR` defaults to
 `$OUT`, else `outputs/gpu_check/<time>`):
@@ -16,7 +16,8 @@ Checks, each reported as one row of a table (and all of it as JSON in `DIR/gpu_c
    SmolLM2-135M (the tiny Llama when its files are not available): how many responses have identical text.
 4. `ddp`: with more than one visible GPU, a smoke run launched data-parallel on all of them (`accelerate launch`).
 5. `cory_ppo_ratio`: `scripts/benchmark.py` at the paper's batch of 256 (SmolLM2-135M on IMDB, 16 new tokens, one
-   minibatch of 256): CORY's s/iteration over PPO's.
+   minibatch of 256): CORY's s/iteration over PPO's, and both peaks of GPU memory. `--ratio "..."` replaces those
+   overrides (another model or task at the same batch). Without vLLM installed its row says so and is skipped.
 
 Without CUDA it prints one line and exits 0 (nothing to check). Exit code 1 when a check failed.
 """
@@ -24,9 +25,11 @@ Without CUDA it prints one line and exits 0 (nothing to check). Exit code 1 when
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -35,6 +38,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_CUDA = "gpu-check: no CUDA device on this machine, nothing to check (run `make gpu-check` on a GPU machine)"
+NO_VLLM = "vllm is not installed (pip install -r requirements-gpu.txt)"
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "disabled"}
 # a small Llama (4 layers, 512 wide, ~13M parameters): big enough for the real 4-bit kernels
 SMALL_LLAMA = [
@@ -191,14 +195,18 @@ def ddp(out: Path, gpus: int) -> dict:
     return {"processes": gpus, "iterations": len(steps), "s_per_iter": sum(r["time/iteration_s"] for r in steps) / 2}
 
 
-def cory_ppo_ratio() -> dict:
-    """`scripts/benchmark.py` at batch 256: CORY's and PPO's median s/iteration and their ratio."""
-    out = _python(["scripts/benchmark.py", "--iterations", "2", "--warmup", "1", *RATIO], timeout=900)
+def cory_ppo_ratio(overrides: list[str] = RATIO) -> dict:
+    """`scripts/benchmark.py` at batch 256: CORY's and PPO's median s/iteration, their ratio and peak memory."""
+    out = _python(["scripts/benchmark.py", "--iterations", "2", "--warmup", "1", *overrides], timeout=900)
     result = json.loads(out.stdout)
     return {
+        "overrides": overrides,
         "ppo_s_per_iter": result["ppo"]["s_per_iter"],
         "cory_s_per_iter": result["cory"]["s_per_iter"],
         "ratio": result["ratio"],
+        "ppo_peak_mb": result["ppo"]["peak_mb"],
+        "cory_peak_mb": result["cory"]["peak_mb"],
+        "tokens_per_iter": [result["ppo"]["tokens_per_iter"], result["cory"]["tokens_per_iter"]],
     }
 
 
@@ -219,17 +227,24 @@ def summary(name: str, result: dict) -> str:
     if name == "ddp":
         return f"{result['processes']} processes, {result['iterations']} iterations, {result['s_per_iter']:.2f} s/it"
     if name == "cory_ppo_ratio":
-        return f"CORY/PPO {result['ratio']:.2f} ({result['cory_s_per_iter']:.2f} / {result['ppo_s_per_iter']:.2f} s)"
+        seconds = f"{result['cory_s_per_iter']:.2f} / {result['ppo_s_per_iter']:.2f} s"
+        memory = f"peak {result['cory_peak_mb']:.0f} / {result['ppo_peak_mb']:.0f} MiB"
+        return f"CORY/PPO {result['ratio']:.2f} ({seconds}; {memory})"
     return json.dumps(result)
+
+
+def table(results: dict[str, dict], device: str) -> str:
+    """One row per check, under the device's name."""
+    width = max(len(name) for name in results)
+    lines = [f"gpu-check on {device}", *(f"  {name:<{width}}  {summary(name, r)}" for name, r in results.items())]
+    return "\n".join(lines)
 
 
 def report(results: dict[str, dict], out: Path, device: str) -> str:
     """The table, printed by `main`, and `out/gpu_check.json` (the device and every check's numbers)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu_check.json").write_text(json.dumps({"device": device, "checks": results}, indent=2))
-    width = max(len(name) for name in results)
-    lines = [f"gpu-check on {device}", *(f"  {name:<{width}}  {summary(name, r)}" for name, r in results.items())]
-    return "\n".join(lines)
+    return table(results, device)
 
 
 def run_check(check: Callable[[], dict]) -> dict:
@@ -244,6 +259,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="folder of the JSON and the runs (default $OUT)")
     parser.add_argument("--skip", default="", help="comma-separated checks to leave out: lora,bf16,vllm,ddp,ratio")
+    parser.add_argument(
+        "--ratio",
+        default=None,
+        help="Hydra overrides of the batch-256 timing, one string (default: " + " ".join(RATIO) + ")",
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for the 4-bit runs")
     args = parser.parse_args(argv)
     import torch
@@ -262,13 +282,16 @@ def main(argv: list[str] | None = None) -> int:
         results |= lora if "status" not in lora else {"lora_4bit_ppo": lora, "lora_4bit_cory": lora}
     if "bf16" not in skip:
         results["bf16_vs_fp32"] = run_check(bf16_vs_fp32)
-    if "vllm" not in skip:
+    if "vllm" not in skip and importlib.util.find_spec("vllm") is None:
+        results["vllm_vs_hf"] = {"status": "skipped", "reason": NO_VLLM}
+    elif "vllm" not in skip:
         results["vllm_vs_hf"] = run_check(lambda: vllm_vs_hf(out))
     if "ddp" not in skip:
         one = {"status": "skipped", "reason": "one GPU visible"}
         results["ddp"] = run_check(lambda: ddp(out, gpus)) if gpus > 1 else one
     if "ratio" not in skip:
-        results["cory_ppo_ratio"] = run_check(cory_ppo_ratio)
+        ratio = shlex.split(args.ratio) if args.ratio is not None else RATIO
+        results["cory_ppo_ratio"] = run_check(lambda: cory_ppo_ratio(ratio))
     print(report(results, out, device))
     print(f"gpu-check: details in {out / 'gpu_check.json'}")
     return int(any(r.get("status") == "failed" for r in results.values()))

@@ -86,3 +86,39 @@ def test_gpu_check_on_a_gpu(tmp_path) -> None:
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
     checks = json.loads((tmp_path / "out" / "gpu_check.json").read_text())["checks"]
     assert checks["vllm_vs_hf"]["identical"] == checks["vllm_vs_hf"]["prompts"]
+
+
+def test_main_skips_vllm_when_absent_and_takes_the_ratio_overrides(tmp_path, monkeypatch) -> None:
+    """With CUDA faked and every check stubbed: a missing vLLM is a skipped row (not a failure, exit 0), and
+    `--ratio "..."` replaces the batch-256 timing's overrides."""
+    import torch
+
+    gpu_check = _gpu_check()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "Fake GPU")
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real_find_spec(name))
+    seen = {}
+    run = {"peak_mb": 1.0, "s_per_iter": 1.0, "iterations": 2, "all_finite": True}
+    monkeypatch.setattr(gpu_check, "train_runs", lambda out, extra=(): {"lora_4bit_ppo": run, "lora_4bit_cory": run})
+    monkeypatch.setattr(gpu_check, "bf16_vs_fp32", lambda: {"max_abs_dlogp": 0.01, "max_rel_dkl_seq": 0.1})
+    monkeypatch.setattr(gpu_check, "vllm_vs_hf", lambda out: pytest.fail("vLLM check ran without vLLM"))
+    ratio = {"ratio": 2.0, "ppo_s_per_iter": 1.0, "cory_s_per_iter": 2.0, "ppo_peak_mb": 1.0, "cory_peak_mb": 2.0}
+    monkeypatch.setattr(gpu_check, "cory_ppo_ratio", lambda overrides: seen.setdefault("ratio", overrides) and ratio)
+    assert (
+        gpu_check.main(["--out", str(tmp_path), "--ratio", "experiment=imdb_gpt2 'task.max_new_tokens=[16,16]'"]) == 0
+    )
+    checks = json.loads((tmp_path / "gpu_check.json").read_text())["checks"]
+    assert checks["vllm_vs_hf"] == {"status": "skipped", "reason": gpu_check.NO_VLLM}
+    assert checks["ddp"]["status"] == "skipped"
+    assert seen["ratio"] == ["experiment=imdb_gpt2", "task.max_new_tokens=[16,16]"]
+
+
+def test_the_committed_gpu_run_is_the_table_in_the_docs() -> None:
+    """outputs/gpu/gpu_check.json (the H200 run) renders, row by row, the table docs/running.md prints."""
+    saved = json.loads((REPO / "outputs" / "gpu" / "gpu_check.json").read_text())
+    table = _gpu_check().table(saved["checks"], saved["device"])
+    docs = (REPO / "docs" / "running.md").read_text()
+    for line in table.splitlines()[1:]:
+        assert line.strip() in docs, line
