@@ -45,10 +45,14 @@ STATE_KEYS = (  # what trainer.json must hold (`pending_eval` is optional: older
 _FALLBACK = "delete that checkpoint folder and resume again to continue from the one before it (or from the start)"
 
 
-def write_checkpoint(final: Path, save_algorithm: Callable[[Path], None], state: dict, keep: int) -> None:
+def write_checkpoint(
+    final: Path, save_algorithm: Callable[[Path], None], state: dict, keep: int, checksums: bool = True
+) -> None:
     """Write `final` atomically (temporary folder + rename) and keep only the last `keep` checkpoints.
 
-    `save_algorithm(folder)` writes the algorithm's part into `final/algorithm` (`Algorithm.save`)."""
+    `save_algorithm(folder)` writes the algorithm's part into `final/algorithm` (`Algorithm.save`). Without
+    `checksums` (a pre-iteration snapshot, `install_checkpoint` adds them if it becomes a checkpoint) no file is
+    hashed: hashing a large model costs about a second per GB."""
     root = final.parent
     tmp = root / f".tmp-{final.name}-{os.getpid()}"
     for stale in root.glob(".tmp-*"):  # left by a crash mid-write; one process writes a run's checkpoints
@@ -59,12 +63,35 @@ def write_checkpoint(final: Path, save_algorithm: Callable[[Path], None], state:
         save_algorithm(tmp / ALGORITHM_DIR)
         with writing(tmp / "torch_rng.safetensors"):
             save_file(runtime.torch_rng_states(), str(tmp / "torch_rng.safetensors"))
-        files = {str(f.relative_to(tmp)): _sha256(f) for f in sorted(tmp.rglob("*")) if f.is_file()}
+        files = _checksums(tmp) if checksums else {}
         (tmp / "trainer.json").write_text(
             json.dumps(state | {"files": files})
         )  # last: its presence marks completeness
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
+    _keep_last(root, keep)
+
+
+def install_checkpoint(source: Path, final: Path, keep: int) -> None:
+    """Copy a complete checkpoint folder written elsewhere (a snapshot, possibly in RAM) to `final`, atomically as
+    `write_checkpoint` does, with the checksums it may lack; keep the last `keep` checkpoints."""
+    root = final.parent
+    tmp = root / f".tmp-{final.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    with writing(tmp):
+        shutil.copytree(source, tmp, ignore=shutil.ignore_patterns("trainer.json"))
+        state = json.loads((source / "trainer.json").read_text())
+        (tmp / "trainer.json").write_text(json.dumps(state | {"files": _checksums(tmp)}))
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    _keep_last(root, keep)
+
+
+def _checksums(folder: Path) -> dict[str, str]:
+    return {str(f.relative_to(folder)): _sha256(f) for f in sorted(folder.rglob("*")) if f.is_file()}
+
+
+def _keep_last(root: Path, keep: int) -> None:
     for old in sorted(p for p in root.glob("iter_*") if p.is_dir())[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
 

@@ -8,7 +8,9 @@ raises `Abandoned` there and then, from the signal handler (`request_stop`); the
 as they were when the iteration (or evaluation) began and saves the last completed iteration. The resumed run
 redoes the dropped work from the same state and draws the same numbers. A signal that arrives anywhere else (in the
 update, which changes weights, optimiser and controllers) only sets the stop flag: that iteration finishes and is
-saved, as before.
+saved, as before. With `snapshot_updates=true` the trainer writes the state after the completed iterations aside
+before each iteration and marks the whole step abandonable: a signal in the update then drops the iteration too,
+and the copy, not the half-updated weights, becomes the checkpoint (`cory.trainer.Trainer._take_snapshot`).
 
 `abandonable()` is optional for an algorithm: one that never calls it finishes every iteration it began. Processes
 of a data-parallel run (more than one) never abandon: each would stop at its own point and the others would wait

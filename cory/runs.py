@@ -60,6 +60,8 @@ RESUMABLE_KEYS = (
     "save_every",
     "save_final",
     "keep_checkpoints",
+    "snapshot_updates",
+    "snapshot_dir",
     "max_bad_iterations",
     "progress",
     "cache_dir",

@@ -29,6 +29,9 @@ class RunSettings:
     save_every: int = 0  # checkpoint cadence, plus the last iteration; 0: none (SIGTERM/SIGINT always save)
     save_final: bool = False  # with save_every=0: still checkpoint the last iteration (so it can be extended)
     keep_checkpoints: int = 2
+    # a copy of the state before each iteration, so that a stop signal in the update saves at once (cory/trainer.py)
+    snapshot_updates: bool = False
+    snapshot_dir: str | None = None  # where that copy goes (None: /dev/shm when it exists, else the run's checkpoints)
     max_bad_iterations: int = 3
     progress: bool = True
     rollout: RolloutSettings | Mapping[str, Any] = dataclasses.field(default_factory=lambda: RolloutSettings())

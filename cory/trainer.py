@@ -10,7 +10,9 @@ before the run trusts it.
 On a stop signal (SIGTERM or SIGUSR1 from a cluster's pre-emption, a scheduler's own signal such as submitit's
 SIGUSR2, SIGINT from Ctrl-C) the run saves the last completed iteration within seconds (`cory.preemption`): an
 iteration still generating or scoring is dropped, together with its draws from the global RNGs, and the resumed
-run redoes it; one already in its update finishes first. An evaluation in progress is dropped too; the checkpoint
+run redoes it; one already in its update finishes first, unless `snapshot_updates=true`: then the state after the
+completed iterations is written aside (RAM by default) before each iteration, the whole iteration may be dropped,
+and that copy becomes the checkpoint. An evaluation in progress is dropped too; the checkpoint
 records it as pending and the resumed run does it first. A scheduler's own handler for the signal (submitit's,
 which requeues the job) is called once the checkpoint is written. Weights that turn non-finite stop the run before
 they can be saved.
@@ -22,11 +24,14 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import torch
 from tqdm.auto import tqdm
 
@@ -35,6 +40,7 @@ from cory.algorithms.base import Algorithm
 from cory.checkpoints import (
     ALGORITHM_DIR,
     CHECKPOINT_FORMAT,
+    install_checkpoint,
     latest_checkpoint,
     load_torch_rng,
     read_state,
@@ -88,6 +94,7 @@ class Trainer:
         self.wandb_run_id = getattr(logger, "run_id", None)
         self.earlier_wall_s = 0.0  # wall time of the earlier starts, up to the checkpoint this one resumed from
         self._start_time = time.perf_counter()
+        self._snapshot: Path | None = None  # the state before the iteration in progress (`snapshot_updates`)
         self._eval_headline: dict[str, float] = {}
         self.report_lines: list[str] = []  # the algorithm's report, for the console once the run ends
 
@@ -149,6 +156,9 @@ class Trainer:
             bar.close()
             self._restore_signal_handlers(previous)
             preemption.reset()
+            if self._snapshot is not None:
+                shutil.rmtree(self._snapshot.parent, ignore_errors=True)
+                self._snapshot = None
         summary = self._summary(time.perf_counter() - self._start_time)
         if distributed.world_size() > 1:  # every process must hold the same weights after data-parallel updates
             in_sync = distributed.weights_in_sync([t for _, t in self.algorithm.parameters()])
@@ -161,7 +171,12 @@ class Trainer:
         """One training iteration: step, metrics, log, weight check. Returns whether it was non-finite, or None
         when a stop signal dropped it (`cory.preemption`): nothing logged, the global RNGs as they were."""
         t0 = time.perf_counter()
-        with self._nonfinite_guard(f"iteration {k}"), _restore_rng_if_abandoned() as abandoned:
+        droppable = self._take_snapshot()  # with a copy of the state before it, the whole iteration may be dropped
+        with (
+            self._nonfinite_guard(f"iteration {k}"),
+            _restore_rng_if_abandoned() as abandoned,
+            preemption.abandonable() if droppable else contextlib.nullcontext(),
+        ):
             out = self.algorithm.step(k)
         if abandoned.happened:
             return None
@@ -202,7 +217,13 @@ class Trainer:
             and read_state(latest)["metrics_lines"] == self.metrics_lines
         )
         saved = not have and self.iteration > 0 and self.bad_streak == 0
-        if saved:
+        if dropped and self._snapshot is not None:  # the step may have stopped half-way through its update
+            if saved:  # the snapshot is the state after the completed iterations: it becomes their checkpoint
+                install_checkpoint(self._snapshot, self._checkpoint_path(), self.s.keep_checkpoints)
+            earlier = self.earlier_wall_s  # this start's time is counted by `fit`, not again from the snapshot
+            self.load_checkpoint(self._snapshot)  # the weights in memory too, for whoever uses them after `fit`
+            self.earlier_wall_s = earlier
+        elif saved:
             self.save_checkpoint()
         note = f" (iteration {k + 1} was dropped; the resume redoes it)" if dropped else ""
         self._print_stopped(saved=saved, note=note)
@@ -244,7 +265,38 @@ class Trainer:
     # ------------------------------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> Path:
         """Write `checkpoints/iter_<k>` atomically and keep the last `keep_checkpoints`."""
-        state = {
+        final = self._checkpoint_path()
+        if distributed.is_main():  # weights are identical on every process: rank 0 writes them
+            write_checkpoint(final, self.algorithm.save, self._state(), self.s.keep_checkpoints)
+        return final
+
+    def _checkpoint_path(self) -> Path:
+        return self.run_dir / "checkpoints" / f"iter_{self.iteration:06d}"
+
+    def _take_snapshot(self) -> bool:
+        """With `snapshot_updates`, write the state after the completed iterations (what their checkpoint would
+        hold, without checksums) to the snapshot folder, replacing the previous one; a stop signal anywhere in the
+        next iteration then drops it and installs this as the checkpoint (`_stop_before`), instead of waiting for
+        the update to end. Returns whether it did. Never with several processes: they never abandon."""
+        if not self.s.snapshot_updates or distributed.world_size() > 1:
+            return False
+        if self._snapshot is None:
+            shm = Path("/dev/shm")
+            default = shm if shm.is_dir() and os.access(shm, os.W_OK) else self.run_dir / "checkpoints"
+            parent = Path(self.s.snapshot_dir or default).expanduser()
+            parent.mkdir(parents=True, exist_ok=True)
+            for stale in parent.glob("cory-snapshot-*-*"):  # a killed run's (SIGKILL): RAM is not freed otherwise
+                pid = stale.name.split("-")[2]
+                if pid.isdigit() and not psutil.pid_exists(int(pid)):
+                    shutil.rmtree(stale, ignore_errors=True)
+            self._snapshot = Path(tempfile.mkdtemp(prefix=f"cory-snapshot-{os.getpid()}-", dir=parent)) / "iter"
+        shutil.rmtree(self._snapshot, ignore_errors=True)  # one copy at a time: a model's worth of memory
+        write_checkpoint(self._snapshot, self.algorithm.save, self._state(), keep=1, checksums=False)
+        return True
+
+    def _state(self) -> dict:
+        """`trainer.json` of a checkpoint taken now."""
+        return {
             "format": CHECKPOINT_FORMAT,
             "iteration": self.iteration,
             "rng": runtime.rng_state(),
@@ -257,10 +309,6 @@ class Trainer:
             "pending_eval": self.pending_eval,
             "wall_time_s": self.earlier_wall_s + time.perf_counter() - self._start_time,
         }
-        final = self.run_dir / "checkpoints" / f"iter_{self.iteration:06d}"
-        if distributed.is_main():  # weights are identical on every process: rank 0 writes them
-            write_checkpoint(final, self.algorithm.save, state, self.s.keep_checkpoints)
-        return final
 
     def load_checkpoint(self, path: Path) -> None:
         """Restore everything `save_checkpoint` wrote; refuse a damaged, incompatible or non-finite one in one
@@ -334,6 +382,12 @@ class Trainer:
         same signal again aborts (the handler it replaced takes it). Outside the main thread (a launcher's worker
         thread) handlers cannot be set; signals are left alone."""
 
+        in_progress = (
+            "the iteration in progress is dropped and redone on resume"
+            if self.s.snapshot_updates and distributed.world_size() == 1
+            else "one still generating is dropped and redone on resume; one in its update finishes first"
+        )
+
         def handler(signum: int, _frame) -> None:
             name = signal.Signals(signum).name
             if not self.stop_requested:
@@ -341,9 +395,8 @@ class Trainer:
                 # os.write, not print: the handler may interrupt a print to the same stream (a reentrant write fails)
                 os.write(
                     2,
-                    f"\n[cory] {name} received: saving the last completed iteration now (one still generating is "
-                    f"dropped and redone on resume; one in its update finishes first); send it again to "
-                    f"abort\n".encode(),
+                    f"\n[cory] {name} received: saving the last completed iteration now ({in_progress}); send it "
+                    f"again to abort\n".encode(),
                 )  # a second, different stop signal (a sweep master's SIGTERM after Ctrl-C) says nothing
             signal.signal(signum, previous.get(signum, signal.SIG_DFL))
             preemption.request_stop()  # inside generation, scoring or evaluation: raises `Abandoned` there

@@ -2,7 +2,8 @@
 
 - SIGTERM / SIGUSR1 / SIGINT while an iteration generates or scores: the iteration is dropped (its draws from the
   global RNGs put back), the last completed one is checkpointed, and the resumed run's metrics equal an
-  uninterrupted run's. In the update, the iteration finishes first. During an evaluation, it is left owed.
+  uninterrupted run's. In the update, the iteration finishes first; with `snapshot_updates=true` it is dropped at
+  once too (the state before it was copied aside, and becomes the checkpoint). During an evaluation, it is left owed.
 - A subprocess whose reward never returns still exits within seconds of the signal (the old behaviour, finishing
   the iteration, would hang).
 - A handler installed before the run (submitit's, which requeues the job) gets the signal after the checkpoint.
@@ -148,6 +149,91 @@ def test_a_signal_in_the_update_finishes_the_iteration(tmp_path, tmp_path_factor
     monkeypatch.undo()
     resume_run(run_dir)
     assert_same_rows(read_rows(run_dir), want)
+
+
+def signal_in_optimizer_step(monkeypatch, sig: signal.Signals, iteration: int, call: int) -> list[int]:
+    """Send `sig` right after the `call`-th optimiser step (1-based) of training iteration `iteration` has changed
+    the weights. Returns the list of optimiser steps taken, by iteration (to see that none ran after the signal)."""
+    current: dict[str, int | None] = {"iteration": None}
+    for cls in (PPO, CORY):
+
+        def step(self, k, _step=cls.step):
+            current["iteration"] = k
+            return _step(self, k)
+
+        monkeypatch.setattr(cls, "step", step)
+    real, steps = cory.ppo.learner.optimizer_step, []
+
+    def hooked(*args, **kwargs):
+        done = real(*args, **kwargs)
+        steps.append(current["iteration"])
+        if current["iteration"] == iteration and steps.count(iteration) == call:
+            os.kill(os.getpid(), sig)  # the handler runs before the next line: the rest of the update never runs
+        return done
+
+    monkeypatch.setattr(cory.ppo.learner, "optimizer_step", hooked)
+    return steps
+
+
+# smoke: batch 16 in minibatches of 8, 2 epochs = 4 optimiser steps per agent; CORY's 6th is in its second agent's
+# update, after the first agent's whole update
+@pytest.mark.parametrize(("algorithm", "call"), [("ppo", 2), ("cory", 6)])
+def test_with_snapshots_a_signal_in_the_update_drops_the_iteration_at_once_and_the_resume_is_exact(
+    tmp_path, tmp_path_factory, monkeypatch, capfd, algorithm, call
+):
+    want = reference_rows(tmp_path_factory, algorithm)
+    args = [*(CORY_ARGS if algorithm == "cory" else []), "snapshot_updates=true", f"snapshot_dir={tmp_path / 'shm'}"]
+    steps = signal_in_optimizer_step(monkeypatch, signal.SIGTERM, 1, call)
+    run_dir = tmp_path / "run"
+    summary = start_run(tmp_path, run_dir, *args)
+    assert summary["wall_time_s"] == summary["wall_time_this_start_s"]  # the snapshot's reload counts no time twice
+    assert steps.count(1) == call  # not one optimiser step after the signal
+    assert summary["stopped_by"] == "SIGTERM" and summary["iterations"] == 1 and summary["completed"] is False
+    assert train_rows(run_dir) == [0] and latest_checkpoint(run_dir).name == "iter_000001"
+    out = capfd.readouterr()  # the handler writes to file descriptor 2
+    assert "(iteration 2 was dropped; the resume redoes it); checkpoint saved" in out.out
+    assert "the iteration in progress is dropped and redone on resume" in out.err
+    assert list((tmp_path / "shm").iterdir()) == []  # the snapshot is removed when the run ends
+    monkeypatch.undo()
+    resume_run(run_dir)
+    assert_same_rows(read_rows(run_dir), want)  # the checkpoint is the state before the half-done update
+
+
+def test_without_the_snapshot_the_half_done_update_would_be_saved_and_the_resume_would_differ(
+    tmp_path, tmp_path_factory, monkeypatch
+):
+    """The control for the test above: the same stop, saving the weights in memory instead of the snapshot."""
+    want = reference_rows(tmp_path_factory, "ppo")
+    real = cory.trainer.Trainer._stop_before
+
+    def save_what_memory_holds(self, k, dropped):
+        self._snapshot = None  # `_stop_before` then checkpoints the half-updated weights
+        return real(self, k, dropped)
+
+    monkeypatch.setattr(cory.trainer.Trainer, "_stop_before", save_what_memory_holds)
+    signal_in_optimizer_step(monkeypatch, signal.SIGTERM, 1, 2)
+    run_dir = tmp_path / "run"
+    start_run(tmp_path, run_dir, "snapshot_updates=true", f"snapshot_dir={tmp_path / 'shm'}")
+    monkeypatch.undo()
+    resume_run(run_dir)
+    with pytest.raises(AssertionError):
+        assert_same_rows(read_rows(run_dir), want)
+
+
+def test_snapshots_change_no_number_and_a_killed_runs_snapshot_is_cleared(tmp_path, tmp_path_factory, monkeypatch):
+    """An uninterrupted run with snapshots logs what one without logs; a snapshot left by a process that no longer
+    exists (SIGKILL: its RAM would stay taken) is removed by the next run that snapshots into the same folder, and
+    a live process's is left alone."""
+    want = reference_rows(tmp_path_factory, "ppo")
+    shm = tmp_path / "shm"
+    dead = shm / "cory-snapshot-999999999-abc"  # no such process
+    alive = shm / f"cory-snapshot-{os.getppid()}-abc"
+    for folder in (dead, alive):
+        (folder / "iter").mkdir(parents=True)
+    run_dir = tmp_path / "run"
+    start_run(tmp_path, run_dir, "snapshot_updates=true", f"snapshot_dir={shm}")
+    assert_same_rows(read_rows(run_dir), want)
+    assert sorted(shm.iterdir()) == [alive]
 
 
 def test_a_signal_during_an_evaluation_leaves_it_owed(tmp_path, tmp_path_factory, monkeypatch):
@@ -315,3 +401,23 @@ def test_the_requeueing_slurm_launcher_composes_and_asks_for_the_signal_and_requ
     )
     assert f"#SBATCH --signal=USR2@{launcher.signal_delay_s}" in script.splitlines()
     assert "#SBATCH --requeue" in script.splitlines()
+
+
+@pytest.mark.parametrize("snapshot", [True, False], ids=["snapshot", "no-snapshot"])
+def test_the_stop_latency_script_measures_a_stop_in_the_update(snapshot):
+    """`scripts/stop_latency.py` (docs/running.md): one JSON object on stdout; with snapshots the iteration stopped in
+    its update is dropped with no optimiser step after the signal, without them the update finishes."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "scripts/stop_latency.py", *([] if snapshot else ["--no-snapshot"]), "experiment=smoke"]
+    out = subprocess.run(command, cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout)
+    assert result["stopped_by"] == "SIGTERM" and result["signal_to_checkpoint_s"] > 0
+    if snapshot:
+        assert result["iterations_completed"] == 1 and result["optimizer_steps_after_signal"] == 0
+        assert len(result["snapshot_s"]) == 2
+    else:
+        assert result["iterations_completed"] == 2 and result["optimizer_steps_after_signal"] > 0
+        assert result["snapshot_s"] == []
