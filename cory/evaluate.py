@@ -360,7 +360,9 @@ def main(argv: list[str] | None = None) -> None:
         if args.batch_size is not None and args.batch_size < 1:
             raise ConfigError(f"--batch-size={args.batch_size}: must be >= 1")
         target, overrides = Path(args.target), args.overrides
-        if "=" in args.target:  # no run: the base model of the config these overrides compose
+        # no run: the base model of the config these overrides compose (a sweep job's folder, `algorithm=cory/seed=0`,
+        # holds `=` too: an existing folder is a run)
+        if "=" in args.target and not target.is_dir():
             target, overrides = None, [args.target, *args.overrides]
         if args.cfg:
             run_dir = resolve_target(target)[0] if target is not None else None

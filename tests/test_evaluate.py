@@ -138,6 +138,13 @@ def test_cfg_job_prints_the_config_and_runs_nothing(cory_run):
         assert "problems done" not in out.stderr
 
 
+def test_a_sweep_jobs_folder_is_a_run_although_its_path_holds_an_equals_sign(cory_run, tmp_path):
+    job = tmp_path / "algorithm=cory" / "seed=0"  # how `-m` sweeps and scripts/run_sweep.py name their jobs
+    shutil.copytree(cory_run, job)
+    out = _run(str(job), "--cfg", "job")
+    assert out.returncode == 0 and "_target_: cory.models.build_tiny_llama" in out.stdout, out.stderr
+
+
 def test_a_task_without_numeric_answers_is_refused(tmp_path):
     run_dir = tmp_path / "run"
     train(compose_cfg(["experiment=smoke", "iterations=1", "progress=false"]), run_dir)
