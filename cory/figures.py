@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,10 +162,22 @@ def describe(infos: Sequence[RunInfo]) -> str:
     return " · ".join(parts)
 
 
+TITLE_WIDTH = 100  # characters per title line: a longer one runs past the edges of a 10-inch figure
+
+
 def title(infos: Sequence[RunInfo], heading: str = "", note: str = "", fallback: str = "") -> str:
-    """`heading`, then what the runs are (`describe`, or `fallback` when their files say nothing), then `note`."""
-    body = " · ".join(p for p in (describe(infos) or fallback, note) if p)
-    return "\n".join(p for p in (heading, body) if p)
+    """`heading`, then what the runs are (`describe`, or `fallback` when their files say nothing), then `note`,
+    wrapped at the " · " between facts into lines of at most `TITLE_WIDTH` characters (six algorithms' names and
+    the run facts do not fit on one)."""
+    parts = [p for p in (describe(infos) or fallback, note) if p]
+    lines: list[str] = []
+    for part in " · ".join(parts).split(" · ") if parts else []:
+        for piece in textwrap.wrap(part, TITLE_WIDTH, break_on_hyphens=False) or [part]:
+            if lines and len(lines[-1]) + 3 + len(piece) <= TITLE_WIDTH:
+                lines[-1] += " · " + piece
+            else:
+                lines.append(piece)
+    return "\n".join(p for p in (heading, *lines) if p)
 
 
 def shared(infos: Sequence[RunInfo], field: str) -> Any:

@@ -277,7 +277,11 @@ def test_sweep_curves_with_one_seed_claim_no_band(tmp_path):
 def test_sweep_curves_with_two_seeds_draw_a_min_max_band(tmp_path):
     groups, _ = pc.group_runs(pc.discover_runs([_sweep(tmp_path / "s", seeds=(0, 1))]))
     fig = pc.plot(pc.curves(groups), tmp_path / "fig", groups=pc.describe_groups(groups))["figure"]
-    assert fig._suptitle.get_text().endswith("seeds 0, 1 · mean over 2 seeds; band and bars: min–max over seeds")
+    assert (
+        fig._suptitle.get_text()
+        .replace("\n", " · ")
+        .endswith("seeds 0, 1 · mean over 2 seeds; band and bars: min–max over seeds")
+    )  # wrapped between facts (`figures.TITLE_WIDTH`)
     bands = [c for c in fig.axes[0].collections if isinstance(c, PolyCollection)]
     assert len(bands) == 3  # ppo llm1, cory llm1, cory llm2
     ys = bands[0].get_paths()[0].vertices[:, 1]  # seed 0 and 1 differ by 1 in task reward
@@ -377,3 +381,16 @@ def test_passk_figure_titles_the_run_and_keeps_its_legend_off_the_data(tmp_path,
     ax = fig.axes[0]
     assert ax.get_ylabel() == "pass@k (fraction of problems)" and ax.get_title() == title
     _assert_legend_covers_no_data(fig, ax.get_legend())
+
+
+def test_a_long_title_is_wrapped_between_facts_and_loses_none():
+    """Six algorithms and the run facts (the family sweep's frontier) ran past both edges of the figure on one line."""
+    names = ("ppo", "grpo", "cory", "cory_cc", "cory_interleaved", "cory_shared")
+    infos = [
+        figures.RunInfo(algorithm=a, task="arithmetic", experiment="gsm8k_cpu", seed=s) for a in names for s in (0, 1)
+    ]
+    text = figures.title(infos, heading="KL–reward frontier: family_arithmetic", note="mean over 3 seeds ± std")
+    lines = text.splitlines()
+    assert lines[0] == "KL–reward frontier: family_arithmetic" and len(lines) >= 3
+    assert all(len(line) <= figures.TITLE_WIDTH for line in lines)
+    assert " · ".join(lines[1:]) == " · ".join([figures.describe(infos), "mean over 3 seeds ± std"])
