@@ -286,8 +286,8 @@ class Trainer:
             parent = Path(self.s.snapshot_dir or default).expanduser()
             parent.mkdir(parents=True, exist_ok=True)
             for stale in parent.glob("cory-snapshot-*-*"):  # a killed run's (SIGKILL): RAM is not freed otherwise
-                pid = stale.name.split("-")[2]
-                if pid.isdigit() and not psutil.pid_exists(int(pid)):
+                pid = stale.name.split("-")[2]  # this user's, of a process gone from this machine
+                if pid.isdigit() and not psutil.pid_exists(int(pid)) and stale.stat().st_uid == os.getuid():
                     shutil.rmtree(stale, ignore_errors=True)
             self._snapshot = Path(tempfile.mkdtemp(prefix=f"cory-snapshot-{os.getpid()}-", dir=parent)) / "iter"
         shutil.rmtree(self._snapshot, ignore_errors=True)  # one copy at a time: a model's worth of memory
