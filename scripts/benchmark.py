@@ -215,7 +215,13 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(child(args.root, args.child, total, args.warmup, args.overrides, args.threads)))
         return
 
-    cfg = compose(ROOT / "cory" / "conf", args.overrides, hydra_config=True)
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        cfg = compose(ROOT / "cory" / "conf", args.overrides, hydra_config=True)
+    except (HydraException, OmegaConfBaseException) as err:  # a mistyped override: one line, as cory.train says it
+        fail(" ".join(str(err).split()))
     result: dict = {
         "model": cfg.hydra.runtime.choices.get("model"),
         "task": cfg.hydra.runtime.choices.get("task"),

@@ -233,3 +233,16 @@ def test_compare_ref_that_is_not_a_commit_is_one_line(tmp_path):
     assert proc.stderr.strip().splitlines() == [
         f"error: --compare-ref no-such-ref-xyz: not a commit of the git checkout at {REPO}"
     ]
+
+
+def test_an_override_that_does_not_compose_is_one_line(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "scripts/benchmark.py", "task.reward.no_such_key=1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "task.reward.no_such_key" in lines[0]
