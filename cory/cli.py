@@ -118,7 +118,7 @@ def prepare(args: list[str]) -> list[str]:
             if "hydra.run.dir" in values:
                 runs.refuse_if_taken(run_dir, "hydra.run.dir")
         if not parsed.multirun and parsed.cfg is None and not _sweep_file(values) and not _sweeps(overrides):
-            _check_composes(overrides + extra)
+            check_composes(overrides + extra)
     except ConfigError as err:
         print(f"error: {one_line(err)}", file=sys.stderr, flush=True)
         sys.exit(2)
@@ -213,7 +213,7 @@ def _exclude_keys_args(overrides: list[str]) -> list[str]:
     return [f"hydra.job.config.override_dirname.exclude_keys=[{','.join(keep)}]"]
 
 
-def _check_composes(overrides: list[str]) -> None:
+def check_composes(overrides: list[str]) -> None:
     """A wrong option (`task/reward=nope`) or key (`algorithm.agent.lr=1`) as one `error:` line and exit code 2,
     like every other configuration error, instead of Hydra's multi-line report."""
     from hydra.errors import HydraException

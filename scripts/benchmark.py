@@ -215,13 +215,14 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(child(args.root, args.child, total, args.warmup, args.overrides, args.threads)))
         return
 
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
+    from cory.cli import check_composes
+    from cory.errors import ConfigError
 
     try:
-        cfg = compose(ROOT / "cory" / "conf", args.overrides, hydra_config=True)
-    except (HydraException, OmegaConfBaseException) as err:  # a mistyped override: one line, as cory.train says it
-        fail(" ".join(str(err).split()))
+        check_composes(args.overrides)  # a mistyped override: one line, as cory.train says it
+    except ConfigError as err:
+        fail(str(err))
+    cfg = compose(ROOT / "cory" / "conf", args.overrides, hydra_config=True)
     result: dict = {
         "model": cfg.hydra.runtime.choices.get("model"),
         "task": cfg.hydra.runtime.choices.get("task"),

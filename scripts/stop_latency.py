@@ -27,19 +27,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def compose(overrides: list[str]):
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "cory" / "conf")):
-        return hydra_compose("train", overrides=overrides)
-
-
 def measure(overrides: list[str], snapshot: bool) -> dict:
     """Train 2 iterations with a SIGTERM after the first optimiser step of the second; the timings."""
     sys.path.insert(0, str(ROOT))
     import cory.ppo.learner
     import cory.trainer
+    from cory.cli import compose
     from cory.train import train
 
     seen: dict = {"iteration": None, "snapshot_s": [], "steps": 0, "signal": None, "checkpoint": None}
