@@ -5,7 +5,7 @@ export HF_DATASETS_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: help install run smoke test test-fast test-all parity gpu-check lint format clean
+.PHONY: help install run smoke test test-long test-fast test-all parity gpu-check lint format clean
 
 help:  ## show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
@@ -27,11 +27,14 @@ smoke: install  ## seconds-long tiny run of PPO and CORY
 	$(PY) -m cory.train experiment=smoke
 	$(PY) -m cory.train experiment=smoke algorithm=cory
 
-test: install  ## the test suite CI runs (learning tests included; about 7 min on 2 CPUs, two workers)
-	WANDB_MODE=disabled $(PY) -m pytest -q -m "not gpu" -n 2 --dist loadfile
+test: install  ## the test suite (learning tests included; minutes on 2 CPUs, two workers); CI runs it, then test-long
+	WANDB_MODE=disabled $(PY) -m pytest -q -m "not gpu and not long" -n 2 --dist loadfile
 
-test-fast: install  ## everything but the slow learning tests
-	WANDB_MODE=disabled $(PY) -m pytest -q -m "not slow and not gpu" -n 2 --dist loadfile
+test-long: install  ## the long end-to-end process tests (kill/resume, signalled sweeps, whole experiments); CI runs them
+	WANDB_MODE=disabled $(PY) -m pytest -q -m "long and not gpu" -n 2 --dist load
+
+test-fast: install  ## everything but the slow learning tests and the long ones
+	WANDB_MODE=disabled $(PY) -m pytest -q -m "not slow and not gpu and not long" -n 2 --dist loadfile
 
 test-all: install  ## every test, GPU ones included when CUDA is present
 	WANDB_MODE=disabled $(PY) -m pytest -q

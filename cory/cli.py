@@ -30,6 +30,7 @@ from cory.errors import ConfigError, one_line
 
 CONF_DIR = Path(__file__).resolve().parent / "conf"
 DEFAULT_RUNS = Path("outputs/runs")  # where `cory/conf/train.yaml` puts a run's folder when none is given
+_typed: list[str] = []  # the overrides this process's command line typed (`prepare`), before any resume is added
 _HELP = {"-h", "--help", "--hydra-help", "--version", "--shell-completion", "-sc", "--info", "-i"}
 
 
@@ -83,6 +84,7 @@ def prepare(args: list[str]) -> list[str]:
     parsed = _parse(args)
     if parsed is None:
         return args
+    _typed[:] = list(parsed.overrides)
     requeued = _requeued_run(parsed)
     if requeued is not None:  # the same command again, after SLURM requeued the job: continue its run
         print(
@@ -195,6 +197,16 @@ def _resume_args(values: dict[str, str], multirun: bool, overrides: list[str]) -
     # as `scripts/run_sweep.py` starts each job
     run_dir = quote_path_override(f"hydra.run.dir={os.path.abspath(folder)}")
     return [run_dir, "hydra.output_subdir=.hydra/resumed", "hydra.mode=RUN"]
+
+
+def typed_overrides() -> list[str]:
+    """What this process's command line typed (empty when `cory.train` was not started from one): a `_target_`
+    named there is the user's choice, also when a resume or a requeue repeats the run's own recorded overrides."""
+    return list(_typed)
+
+
+def forget_typed_overrides() -> None:
+    _typed.clear()
 
 
 def resume_overrides(folder: Path, overrides: list[str]) -> list[str]:

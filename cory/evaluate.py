@@ -82,15 +82,16 @@ def load_config(run_dir: Path | None, overrides: list[str]) -> DictConfig:
 
 
 def checkpoint_agents(checkpoint: Path) -> list[str]:
-    """The agents of a checkpoint whose policy weights a `Backbone` handle can load (PPO's and CORY's)."""
+    """The policy agents of a checkpoint whose weights a `Backbone` handle can load (PPO's, GRPO's and CORY's
+    family): a learner's folder (`AGENT_STATE`) with policy weights; a centralised critic's is not a policy."""
     from cory.policy import ADAPTER_WEIGHTS, FULL_WEIGHTS
+    from cory.ppo.learner import AGENT_STATE
 
     folder = checkpoint / ALGORITHM_DIR
-    return (
-        sorted(p.name for p in folder.iterdir() if (p / FULL_WEIGHTS).is_file() or (p / ADAPTER_WEIGHTS).is_file())
-        if folder.is_dir()
-        else []
-    )
+    if not folder.is_dir():
+        return []
+    weights = [p for p in folder.iterdir() if (p / FULL_WEIGHTS).is_file() or (p / ADAPTER_WEIGHTS).is_file()]
+    return sorted(p.name for p in weights if (p / AGENT_STATE).is_file())
 
 
 class _Policy:

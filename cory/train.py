@@ -122,8 +122,12 @@ def _resume_config(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> 
         raise ConfigError(f"resume={folder} continues the run in its own folder, not in {run_dir}")
     original = runs.original_overrides(folder)
     new = [o for o in overrides if o not in original and cli.override_key(o) != "resume"]
-    runs.refuse_unknown_targets(original, f"resume={folder}: its recorded overrides", runs.targets_in(new))
-    saved = runs.load_run_config(folder, runs.targets_in(new))  # builds only what installed configs or `new` name
+    # the targets a user named: the resume command's new overrides, and all of them when the command was the run's
+    # own again (a sweep or a requeued job continuing its folder: no `resume=` typed, the recorded ones retyped)
+    typed = overrides if not any(cli.override_key(o) == "resume" for o in overrides) else new
+    allowed = runs.targets_in([*typed, *cli.typed_overrides()])
+    runs.refuse_unknown_targets(original, f"resume={folder}: its recorded overrides", allowed)
+    saved = runs.load_run_config(folder, allowed)  # builds only what installed configs or this command name
     changes: dict = {}
     if new:
         original = [o for o in original if cli.override_key(o) not in {cli.override_key(n) for n in new}]
@@ -226,6 +230,8 @@ def main() -> None:
     except KeyboardInterrupt:  # Ctrl-C while Hydra composes the config, before any run folder is used
         print("error: interrupted (SIGINT) before the run began; nothing was kept", file=sys.stderr, flush=True)
         sys.exit(130)
+    finally:
+        cli.forget_typed_overrides()  # a later in-process `train` call was not typed on this command line
 
 
 if __name__ == "__main__":

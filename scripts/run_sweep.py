@@ -14,8 +14,13 @@ The jobs are exactly those of `python -m cory.train -m <the same overrides>`: th
 So a sweep killed at any point (Ctrl-C, `kill`, a reboot) continues where its checkpoints stand. Ctrl-C or SIGTERM
 to this driver is passed once to every running job, which finishes its iteration, checkpoints and exits; if the
 driver itself is killed with SIGKILL, its jobs get SIGTERM (Linux). Each job's output goes to `<DIR>/logs/`.
+With `--evaluate "ARGS"`, each job that finished training is then scored by `python -m cory.evaluate <its folder> ARGS
+--out <its folder>/evaluation/sweep` in the same slot (pass@k of the base model and of every agent, paper Fig. 5),
+and a job counts as done once that evaluation's `passk.json` exists; a run folder's checkpoints need not outlive
+the session that trained them for its pass@k to be kept.
 With `--results RESULTS`, each finished job's small files (`RESULT_FILES`: metrics, summary, MAFT's per-problem
-outcomes, config, overrides; no checkpoint or weight) are copied to `RESULTS/<the job's folder name>/` as soon as it
+outcomes, config, overrides, and with `--evaluate` its pass@k summary and per-problem rows; no checkpoint or weight)
+are copied to `RESULTS/<the job's folder name>/` as soon as it
 finishes, so that they can be committed run by run while the run folders (gigabytes of checkpoints) stay out of git.
 At the end the sweep is summarised like a `-m` multirun (`cory.callbacks.summarise_sweep`): `frontier.{png,csv,
 json}` in DIR and, with `logger=wandb`, the W&B summary run of the sweep's group.
@@ -26,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -40,6 +46,8 @@ sys.path.insert(0, str(ROOT))  # `python scripts/run_sweep.py` runs from the che
 LOCK = ".run_sweep.pid"
 # what `--results` keeps of a finished run: enough to redraw its curves and recompute every statistic
 RESULT_FILES = ("summary.json", "metrics.jsonl", "eval_outcomes.jsonl", "run_config.yaml", ".hydra/overrides.yaml")
+PASSK = Path("evaluation") / "sweep"  # where `--evaluate` writes in a run folder (`cory.evaluate --out`)
+PASSK_FILES = {"passk.json": "passk.json", "results.jsonl": "passk_results.jsonl"}  # copied under these names
 
 
 def compose(overrides: list[str]):
@@ -77,11 +85,12 @@ def job_folders(jobs: list[list[str]], root: Path, default_seed: int) -> list[Pa
     return folders
 
 
-def state(folder: Path) -> str:
-    """ "done" (completed summary), "resume" (a run is there), or "fresh"."""
+def state(folder: Path, evaluate: bool = False) -> str:
+    """ "done" (completed summary, and its pass@k with `evaluate`), "evaluate" (trained, pass@k owed), "resume" (a
+    run is there), or "fresh"."""
     try:
         if json.loads((folder / "summary.json").read_text()).get("completed"):
-            return "done"
+            return "evaluate" if evaluate and not (folder / PASSK / "passk.json").is_file() else "done"
     except (OSError, ValueError, AttributeError):
         pass
     return "resume" if (folder / "run_config.yaml").is_file() else "fresh"
@@ -93,6 +102,14 @@ def collect(folder: Path, dest: Path) -> None:
     for name in RESULT_FILES:
         if (folder / name).is_file():
             shutil.copyfile(folder / name, dest / Path(name).name)
+    for name, kept_as in PASSK_FILES.items():
+        if (folder / PASSK / name).is_file():
+            shutil.copyfile(folder / PASSK / name, dest / kept_as)
+
+
+def evaluate_command(folder: Path, args: list[str]) -> list[str]:
+    """`python -m cory.evaluate <folder> <args> --out <folder>/evaluation/sweep` (a killed one continues there)."""
+    return [sys.executable, "-m", "cory.evaluate", str(folder), *args, "--out", str(folder / PASSK)]
 
 
 def command(job: list[str], folder: Path, how: str, alias: Path) -> list[str]:
@@ -142,14 +159,14 @@ def _die_with_parent() -> None:
 class Driver:
     """Runs the jobs `jobs` at a time; one signal to the driver is passed once to every running job."""
 
-    def __init__(self, jobs: int, threads: int, log_dir: Path, on_done=None) -> None:
-        self.slots, self.log_dir, self.on_done = jobs, log_dir, on_done
+    def __init__(self, jobs: int, threads: int, log_dir: Path, on_done=None, evaluate: bool = False) -> None:
+        self.slots, self.log_dir, self.on_done, self.evaluate = jobs, log_dir, on_done, evaluate
         self.env = os.environ | {
             "OMP_NUM_THREADS": str(threads),
             "MKL_NUM_THREADS": str(threads),
             "TOKENIZERS_PARALLELISM": "false",
         }
-        self.running: dict[subprocess.Popen, tuple[str, Path, float]] = {}
+        self.running: dict[subprocess.Popen, tuple[str, Path, float, list[list[str]]]] = {}
         self.stopping = False
 
     def stop(self, signum: int, _frame) -> None:
@@ -159,31 +176,39 @@ class Driver:
                 proc.send_signal(signal.SIGTERM)
         self.stopping = True
 
-    def run(self, todo: list[tuple[str, Path, list[str]]]) -> None:
+    def run(self, todo: list[tuple[str, Path, list[list[str]]]]) -> None:
+        """Each job's commands (train or resume, then `--evaluate`'s) one after another in one slot; a command that
+        fails or is stopped ends its job's turn (the next command of the driver picks it up again)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         while (todo and not self.stopping) or self.running:
             while todo and not self.stopping and len(self.running) < self.slots:
-                name, folder, cmd = todo.pop(0)
-                log = (self.log_dir / f"{name.replace('/', '_')}.log").open("a")
-                print(f"[sweep] start {name}: {' '.join(cmd[2:])}", flush=True)
-                proc = subprocess.Popen(
-                    cmd,
-                    cwd=ROOT,
-                    env=self.env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,  # a Ctrl-C reaches the driver, which passes it on exactly once
-                    preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
-                )
-                log.close()
-                self.running[proc] = (name, folder, time.time())
+                name, folder, (cmd, *rest) = todo.pop(0)
+                self._start(name, folder, cmd, rest)
             time.sleep(0.2)
             for proc in [p for p in self.running if p.poll() is not None]:
-                name, folder, t0 = self.running.pop(proc)
-                outcome = "failed" if proc.returncode else {"done": "finished"}.get(state(folder), "stopped")
+                name, folder, t0, rest = self.running.pop(proc)
+                now = {"done": "finished", "evaluate": "trained"}.get(state(folder, self.evaluate), "stopped")
+                outcome = "failed" if proc.returncode else now
                 print(f"[sweep] {outcome} after {time.time() - t0:.0f} s (exit {proc.returncode}): {name}", flush=True)
+                if outcome == "trained" and rest and not self.stopping:
+                    self._start(name, folder, rest[0], rest[1:])
                 if outcome == "finished" and self.on_done is not None:
                     self.on_done(name, folder)
+
+    def _start(self, name: str, folder: Path, cmd: list[str], rest: list[list[str]]) -> None:
+        log = (self.log_dir / f"{name.replace('/', '_')}.log").open("a")
+        print(f"[sweep] start {name}: {' '.join(cmd[2:])}", flush=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # a Ctrl-C reaches the driver, which passes it on exactly once
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+        )
+        log.close()
+        self.running[proc] = (name, folder, time.time(), rest)
 
 
 def _alive(lock: Path) -> bool:
@@ -201,6 +226,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2)")
     parser.add_argument("--threads", type=int, default=1, help="torch/OpenMP threads per run (default 1)")
     parser.add_argument("--results", type=Path, help="copy each finished run's small files here (to commit)")
+    parser.add_argument(
+        "--evaluate",
+        metavar="ARGS",
+        help='then score each trained run with `python -m cory.evaluate <run> ARGS` (e.g. "--n 8"): its pass@k',
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, sweeps included")
     args = parser.parse_args(argv)
 
@@ -213,10 +243,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: another run_sweep.py (pid {lock.read_text().strip()}) is running in {root}", file=sys.stderr)
         return 2
     lock.write_text(str(os.getpid()))
+    evaluate = args.evaluate is not None
+    evaluation = [] if args.evaluate is None else [evaluate_command(f, shlex.split(args.evaluate)) for f in folders]
     try:
         todo = []
         for i, (job, folder) in enumerate(zip(jobs, folders, strict=True)):
-            name, how = str(folder.relative_to(root)), state(folder)
+            name, how = str(folder.relative_to(root)), state(folder, evaluate)
             if how == "done":
                 print(f"[sweep] skip (finished): {name}")
                 if args.results is not None:
@@ -227,12 +259,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print(f"[sweep] skip (a run without run_config.yaml; move it away to rerun): {name}")
                     continue
                 shutil.rmtree(folder)
-            todo.append((name, folder, command(job, folder, how, alias=root / ".resume" / str(i))))
+            train = [] if how == "evaluate" else [command(job, folder, how, alias=root / ".resume" / str(i))]
+            todo.append((name, folder, train + evaluation[i : i + 1]))
         print(f"[sweep] {len(jobs)} jobs, {len(todo)} to run ({args.jobs} at a time) in {root}", flush=True)
         if args.jobs > 1 and len(todo) > 1:
             warm_caches(jobs[0])
         on_done = None if args.results is None else (lambda name, folder: collect(folder, args.results / name))
-        driver = Driver(args.jobs, args.threads, root / "logs", on_done)
+        driver = Driver(args.jobs, args.threads, root / "logs", on_done, evaluate)
         previous = {s: signal.signal(s, driver.stop) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             driver.run(todo)
@@ -242,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         lock.unlink(missing_ok=True)
 
-    unfinished = [str(f.relative_to(root)) for f in folders if state(f) != "done"]
+    unfinished = [str(f.relative_to(root)) for f in folders if state(f, evaluate) != "done"]
     if unfinished:
         again = "run the same command again to resume"
         print(f"[sweep] {len(unfinished)} unfinished (logs in {root / 'logs'}); {again}: {', '.join(unfinished)}")

@@ -189,6 +189,7 @@ def _check_ratio(out: dict) -> None:
     assert out["target_ratio"] == 2.2 and out["meets_target"] == (out["ratio"] <= 2.2)
 
 
+@pytest.mark.long
 def test_compare_ref_interleaves_a_commit_on_a_saved_gpt2(tmp_path, tiny_gpt2_dir):
     """The README's offline GPT-2 recipe at toy scale (a model folder from make_gpt2_small.py), against HEAD.
 

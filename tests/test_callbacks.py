@@ -172,6 +172,7 @@ def test_sweep_groups_its_runs_in_wandb_and_logs_the_frontier_at_the_end(tmp_pat
     assert len(means["data"]) == 3
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_sweep_runs_through_the_joblib_launcher(tmp_path):
     sweep_dir, proc = _sweep(tmp_path, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2")
@@ -293,6 +294,7 @@ def _readme_sweep_commands() -> list[list[str]]:
     return found
 
 
+@pytest.mark.long
 def test_every_sweep_command_of_the_readme_composes():
     run_sweep = _load_script("run_sweep")
     commands = _readme_sweep_commands()

@@ -68,6 +68,24 @@ def test_every_agent_and_the_base_model_are_evaluated(cory_run, tmp_path):
     assert (tmp_path / "passk.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_only_policy_agents_are_evaluated_not_a_centralised_critic(tmp_path):
+    """CORY + centralised critic saves `critic/` beside `llm1/` and `llm2/`, with LoRA weights too: not a policy."""
+    from cory.checkpoints import ALGORITHM_DIR
+    from cory.policy import ADAPTER_WEIGHTS, FULL_WEIGHTS
+
+    folder = tmp_path / "iter_000001" / ALGORITHM_DIR
+    for name, files in {
+        "llm1": [ADAPTER_WEIGHTS, "agent.json"],
+        "llm2": [FULL_WEIGHTS, "agent.json"],
+        "critic": [ADAPTER_WEIGHTS, "critic.json"],
+        "empty": ["agent.json"],
+    }.items():
+        (folder / name).mkdir(parents=True)
+        for file in files:
+            (folder / name / file).write_text("{}")
+    assert cory.evaluate.checkpoint_agents(tmp_path / "iter_000001") == ["llm1", "llm2"]
+
+
 def test_overrides_instead_of_a_run_evaluate_the_base_model_of_that_config(tmp_path):
     overrides = ["experiment=gsm8k_smoke", "task.num_eval=4"]
     summary = evaluate_run(None, overrides, n=2, ks=[1, 2], num_problems=None, batch_size=8, seed=0, out=tmp_path)

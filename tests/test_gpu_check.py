@@ -66,6 +66,7 @@ def test_a_failing_check_is_one_line_and_does_not_stop_the_others() -> None:
     assert gpu_check.run_check(lambda: {"ratio": 2.0}) == {"ratio": 2.0}
 
 
+@pytest.mark.long
 def test_four_bit_runs_wiring_on_the_cpu(tmp_path) -> None:
     """The 4-bit check's two runs and what it reads from them, here without 4 bit and with a tiny width."""
     small = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_attention_heads=4"]

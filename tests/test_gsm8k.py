@@ -201,6 +201,7 @@ def test_the_readme_memory_benchmarks_compose(command):
         validate(compose_cfg([*overrides, f"algorithm={algorithm}", "eval_every=0", "save_every=0", "num_eval=2"]))
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["ppo", "cory"])
 def test_the_cpu_experiment_runs(tmp_path, tmp_path_factory, algorithm):

@@ -215,6 +215,7 @@ def test_checkpoint_holds_adapter_and_value_head_only_and_loads_back(tmp_path):
     assert other.optimizer.state_dict()["state"].keys() == agent.optimizer.state_dict()["state"].keys()
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_a_killed_lora_run_resumes_exactly(tmp_path):
     args = ["experiment=gsm8k_smoke", "algorithm=cory", "iterations=6", "save_every=2", "algorithm.swap_period=2"]

@@ -246,6 +246,7 @@ def resume(run_dir: Path) -> str:
     return out.stdout
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_sigkill_mid_round_then_resume_equals_an_uninterrupted_run(tmp_path, tmp_path_factory):
     want = reference(tmp_path_factory)

@@ -168,6 +168,7 @@ def test_another_project_adds_a_task_and_a_reward_without_editing_cory(tmp_path)
 DOC_FILE = re.compile(r"```(?:python|yaml)\n# ((?:mypkg|hydra_plugins)/\S+)[^\n]*\n(.*?)```", re.S)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_docs_extending_examples_run_as_printed_from_an_outside_package(tmp_path):
     """docs/extending.md's algorithm, learner, task, reward and search-path plugin, written verbatim into a package

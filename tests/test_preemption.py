@@ -284,6 +284,7 @@ def test_the_handler_the_run_replaced_gets_the_signal_after_the_checkpoint(tmp_p
 
 
 # ------------------------------------------------------------------------------------------ subprocess: seconds
+@pytest.mark.long
 @pytest.mark.slow
 def test_sigterm_exits_within_seconds_from_an_iteration_that_would_never_end(tmp_path, tmp_path_factory):
     want = reference_rows(tmp_path_factory, "ppo")
@@ -403,6 +404,7 @@ def test_the_requeueing_slurm_launcher_composes_and_asks_for_the_signal_and_requ
     assert "#SBATCH --requeue" in script.splitlines()
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("snapshot", [True, False], ids=["snapshot", "no-snapshot"])
 def test_the_stop_latency_script_measures_a_stop_in_the_update(snapshot):
     """`scripts/stop_latency.py` (docs/running.md): one JSON object on stdout; with snapshots the iteration stopped in

@@ -84,6 +84,7 @@ def test_tfidf_reward_matches_sklearn(tmp_path: Path) -> None:
     np.testing.assert_allclose(reward(probe), expected, rtol=0, atol=1e-9)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_real_tfidf_reward_on_packaged_imdb(tmp_path: Path) -> None:
     """Trains on the 25k packaged IMDB reviews (~20 s): docs/method.md §8 reports its held-out accuracy (0.90)."""

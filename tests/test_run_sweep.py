@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -101,6 +102,7 @@ def test_a_second_driver_on_the_same_sweep_is_refused(tmp_path, capsys):
     assert "another run_sweep.py" in capsys.readouterr().err
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_reproduce_cpu_runs_end_to_end(tmp_path):
     """The README's `make reproduce-cpu` is `bash scripts/reproduce_cpu.sh`; here: tiny model, one seed, one η."""
@@ -114,3 +116,33 @@ def test_reproduce_cpu_runs_end_to_end(tmp_path):
     assert len(list((out / "runs").rglob("summary.json"))) == 4  # (ppo, cory) × (curves, frontier)
     curves = json.loads((out / "curves.json").read_text())
     assert {c["label"] for c in curves["curves"]} == {"algorithm=ppo", "algorithm=cory"}
+
+
+@pytest.mark.long
+@pytest.mark.slow
+def test_evaluate_scores_each_trained_run_once_and_keeps_its_passk_with_the_results(tmp_path, capsys, monkeypatch):
+    """`--evaluate`: pass@k of the base model and the agent after training, in the job's slot; its files join the
+    results; a run trained but not yet scored (its evaluation lost) is scored again, without training again."""
+    out, results = tmp_path / "sweep", tmp_path / "results"
+    args = ["--dir", str(out), "--jobs", "1", "--results", str(results), "--evaluate", "--n 2 --num-problems 3",
+            "experiment=gsm8k_smoke", "iterations=1", "seed=0"]  # fmt: skip
+    for key, value in _env(tmp_path).items():
+        monkeypatch.setenv(key, value)  # the driver's jobs inherit it
+    assert run_sweep.main(args) == 0
+    first = capsys.readouterr().out
+    assert "[sweep] trained" in first and "start run/seed=0: cory.evaluate" in first
+    run, kept = out / "run" / "seed=0", results / "run" / "seed=0"
+    passk = json.loads((kept / "passk.json").read_text())
+    assert set(passk) == {"base", "llm1"} and set(passk["llm1"]) >= {"pass@1", "pass@2", "greedy_accuracy"}
+    assert (kept / "passk.json").read_bytes() == (run / run_sweep.PASSK / "passk.json").read_bytes()
+    rows = [json.loads(line) for line in (kept / "passk_results.jsonl").read_text().splitlines()]
+    assert sorted(r["model"] for r in rows) == ["base"] * 3 + ["llm1"] * 3
+    starts = (run / "starts.jsonl").read_text()
+
+    shutil.rmtree(run / run_sweep.PASSK)  # trained, its pass@k not written: only the evaluation runs again
+    (kept / "passk.json").unlink()
+    assert run_sweep.main(args) == 0
+    printed = capsys.readouterr().out
+    assert "cory.evaluate" in printed and "cory.train" not in printed.split("[sweep] start", 1)[1]
+    assert (run / "starts.jsonl").read_text() == starts and (kept / "passk.json").is_file()
+    assert run_sweep.main(args) == 0 and "skip (finished): run/seed=0" in capsys.readouterr().out

@@ -29,11 +29,21 @@ import cory.train
 from cory.checkpoints import latest_checkpoint
 
 
-def sweep_command(tmp_path: Path, *args: str) -> list[str]:
+def sweep_command(tmp_path: Path, *args: str, jobs: int = 2) -> list[str]:
+    """A smoke sweep whose first `jobs` jobs start training together and take at least 0.15 s per iteration
+    (`helpers.paced`): a job cannot end between "every job trains" and the signal, on however fast a machine."""
+    paced = [
+        "task._target_=helpers.paced.PacedToyTask", f"+task.barrier_dir={tmp_path / 'barrier'}", f"+task.jobs={jobs}",
+        "+task.pause=0.15",
+    ]  # fmt: skip
     return [
         sys.executable, "-m", "cory.train", "-m", "experiment=smoke", "iterations=12", "save_every=0",
-        "progress=false", f"cache_dir={tmp_path / 'cache'}", f"hydra.sweep.dir={tmp_path / 'sweep'}", *args,
+        "progress=false", f"cache_dir={tmp_path / 'cache'}", f"hydra.sweep.dir={tmp_path / 'sweep'}", *paced, *args,
     ]  # fmt: skip
+
+
+def paced_env() -> dict[str, str]:
+    return env(PYTHONPATH=os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]))
 
 
 def wait_until_training(sweep: Path, proc: subprocess.Popen, jobs: int, timeout: float = 240.0) -> None:
@@ -48,6 +58,7 @@ def wait_until_training(sweep: Path, proc: subprocess.Popen, jobs: int, timeout:
     raise AssertionError(f"{jobs} jobs were not training within {timeout} s")
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("how", "jobs", "n_jobs", "running"),
@@ -59,10 +70,10 @@ def wait_until_training(sweep: Path, proc: subprocess.Popen, jobs: int, timeout:
 def test_a_stopped_joblib_sweep_checkpoints_every_job_and_the_same_command_continues_it(
     tmp_path, how, jobs, n_jobs, running
 ):
-    cmd = sweep_command(tmp_path, *jobs, "hydra/launcher=joblib", f"hydra.launcher.n_jobs={n_jobs}")
+    cmd = sweep_command(tmp_path, *jobs, "hydra/launcher=joblib", f"hydra.launcher.n_jobs={n_jobs}", jobs=running)
     sweep = tmp_path / "sweep"
     with (tmp_path / "out").open("w") as out, (tmp_path / "err").open("w") as err:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=out, stderr=err, start_new_session=True)
+        proc = subprocess.Popen(cmd, cwd=REPO, env=paced_env(), stdout=out, stderr=err, start_new_session=True)
     try:
         wait_until_training(sweep, proc, running)
         workers = psutil.Process(proc.pid).children(recursive=True)
@@ -93,7 +104,7 @@ def test_a_stopped_joblib_sweep_checkpoints_every_job_and_the_same_command_conti
         assert not json.loads((folder / "summary.json").read_text())["completed"]
     assert "Continue it with: python -m cory.train -m" in (tmp_path / "out").read_text()
 
-    again = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=600)
+    again = subprocess.run(cmd, cwd=REPO, env=paced_env(), capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     finished = sorted(p.parent for p in sweep.rglob("summary.json"))
     assert len(finished) == (2 if how == "ctrl-c" else 3)
@@ -144,6 +155,7 @@ cory.train.main()
 """
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_ctrl_c_during_maft_fine_tuning_saves_the_round_and_the_resume_equals_an_uninterrupted_run(tmp_path):
     args = ["experiment=maft_smoke", "progress=false", "iterations=2"]

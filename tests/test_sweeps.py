@@ -94,6 +94,7 @@ def test_two_runs_started_together_run_in_two_folders(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------------- real sweeps
+@pytest.mark.long
 def test_a_two_job_sweep_writes_one_complete_folder_per_job(tmp_path):
     """Through the real command line, with the joblib launcher (two worker processes). The basic launcher runs
     the same jobs in-process: the README's sweep (tests/test_commands.py) and the tests below."""

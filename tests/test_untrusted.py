@@ -14,7 +14,7 @@ import sys
 
 import pytest
 import yaml
-from helpers.runners import REPO, cli, env, finished_run, one_error_line, snapshot
+from helpers.runners import REPO, cli, env, finished_run, one_error_line, read_rows, run_main, snapshot, start_run
 from omegaconf import OmegaConf
 
 from cory import runs
@@ -83,3 +83,19 @@ def test_the_trust_rule_knows_every_target_of_the_package_and_of_the_command_lin
     runs.refuse_unknown_targets(planted, "f", allowed=["torch.load"])  # the user's own command line may name it
     with pytest.raises(runs.ConfigError, match=r"names hydra\.callbacks\.x: os\.system"):
         runs.refuse_unknown_targets(["+hydra.callbacks.x={_target_: os.system, command: ls}"], "f")
+
+
+def test_a_target_the_users_own_command_named_is_built_again_when_the_command_names_it_again(
+    tmp_path, monkeypatch, capsys
+):
+    """Trust follows the command line, not the folder: a run started with a task of the user's own module resumes
+    only when the resume command names it too (a sweep continued or a job requeued with its own command retypes it:
+    tests/test_stop_signals.py); named again, it is built although the folder's record names it as well."""
+    own = ["task._target_=helpers.paced.PacedToyTask", f"+task.barrier_dir={tmp_path / 'b'}", "+task.jobs=1"]
+    run_dir = tmp_path / "run"
+    start_run(tmp_path, run_dir, "iterations=2", "save_every=2", *own, "+task.pause=0")
+    code, err = run_main(monkeypatch, capsys, f"resume={run_dir}", "iterations=3")
+    assert code == 2 and "task._target_: helpers.paced.PacedToyTask, which no installed config names" in err
+    code, err = run_main(monkeypatch, capsys, f"resume={run_dir}", "iterations=3", own[0])
+    assert code == 0, err
+    assert [r["iteration"] for r in read_rows(run_dir) if "train/llm1/kl" in r] == [0, 1, 2]

@@ -69,6 +69,7 @@ def test_a_run_is_declared_against_iteration_and_filterable(tmp_path):
     assert any(k.startswith("curves.") for k in keys)  # the run folder's figure
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_a_killed_and_resumed_run_carries_its_whole_history(tmp_path):
     run_dir = tmp_path / "run"

@@ -30,6 +30,7 @@ from cory.ppo.rollout import Rollout, encode_prompts, forward_logits, pad, score
 
 # The learner block's only written values: `cory/conf/algorithm/ppo.yaml` (experiments change them by small diffs).
 LEARNER_YAML = Path(__file__).resolve().parents[1] / "conf" / "algorithm" / "ppo.yaml"
+AGENT_STATE = "agent.json"  # an agent's checkpoint folder: what marks it as a policy's (a critic's is not)
 
 
 @dataclass(frozen=True)
@@ -434,7 +435,7 @@ class Agent:
             "rng": [rng_name, keys.tolist(), int(pos), int(has_gauss), float(gauss)],
             "steps_since_load": self.steps_since_load,
         }
-        (directory / "agent.json").write_text(json.dumps(state))
+        (directory / AGENT_STATE).write_text(json.dumps(state))
 
     def load(self, directory: Path) -> None:
         """Inverse of `save`; the optimiser state is read with `weights_only=True` (no pickle execution)."""
@@ -444,7 +445,7 @@ class Agent:
         for group, saved in zip(self.optimizer.param_groups, optimizer_state["param_groups"]):
             saved["fused"] = group["fused"]  # the kernel is this machine's choice (`_new_optimizer`), not the file's
         self.optimizer.load_state_dict(optimizer_state)
-        state = json.loads((directory / "agent.json").read_text())
+        state = json.loads((directory / AGENT_STATE).read_text())
         self.kl_ctl.value = state["kl_coef"]
         self.score_moments = ppo_core.RunningMoments(**state["score_moments"])
         name, keys, pos, has_gauss, gauss = state["rng"]
