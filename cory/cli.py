@@ -237,16 +237,17 @@ def check_composes(overrides: list[str]) -> None:
         raise ConfigError(one_line(err).split(" Config search path:")[0]) from None  # the search path is noise
 
 
-def compose(overrides: Sequence[str]) -> DictConfig:
-    """The job config `python -m cory.train <overrides>` composes, inside a running Hydra app or outside one."""
+def compose(overrides: Sequence[str], hydra_config: bool = False) -> DictConfig:
+    """The job config `python -m cory.train <overrides>` composes, inside a running Hydra app or outside one;
+    `hydra_config`: with Hydra's own node (`hydra.*`: sweeper parameters, folder names)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     if GlobalHydra.instance().is_initialized():
-        return hydra_compose("train", overrides=list(overrides))
+        return hydra_compose("train", overrides=list(overrides), return_hydra_config=hydra_config)
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
-        return hydra_compose("train", overrides=list(overrides))
+        return hydra_compose("train", overrides=list(overrides), return_hydra_config=hydra_config)
 
 
 def run_hydra(app: Callable[[], None]) -> None:

@@ -32,12 +32,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of a CORY run")
     args = parser.parse_args(argv)
 
-    from hydra import compose, initialize_config_dir
-
     from cory.build import build_algorithm, build_context
+    from cory.cli import compose
 
-    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "cory" / "conf")):
-        cfg = compose("train", overrides=args.overrides)
+    cfg = compose(args.overrides)
     with tempfile.TemporaryDirectory() as run_dir:
         algorithm = build_algorithm(cfg, build_context(cfg, Path(run_dir)))
         team, task = algorithm.team, algorithm.task

@@ -52,11 +52,9 @@ PASSK_FILES = {"passk.json": "passk.json", "results.jsonl": "passk_results.jsonl
 
 def compose(overrides: list[str]):
     """The config `python -m cory.train <overrides>` composes (sweep values left out), Hydra's part included."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+    from cory.cli import compose as cory_compose
 
-    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "cory" / "conf")):
-        return hydra_compose("train", overrides=overrides, return_hydra_config=True)
+    return cory_compose(overrides, hydra_config=True)
 
 
 def expand(overrides: list[str]) -> tuple[list[list[str]], object]:
