@@ -20,8 +20,8 @@ and a job counts as done once that evaluation's `passk.json` exists; a run folde
 the session that trained them for its pass@k to be kept.
 With `--results RESULTS`, each finished job's small files (`RESULT_FILES`: metrics, summary, MAFT's per-problem
 outcomes, config, overrides, and with `--evaluate` its pass@k summary and per-problem rows; no checkpoint or weight)
-are copied to `RESULTS/<the job's folder name>/` as soon as it
-finishes, so that they can be committed run by run while the run folders (gigabytes of checkpoints) stay out of git.
+are copied to `RESULTS/<the job's folder name>/` as soon as it finishes, so that they can be committed run by run
+while the run folders (gigabytes of checkpoints) stay out of git.
 At the end the sweep is summarised like a `-m` multirun (`cory.callbacks.summarise_sweep`): `frontier.{png,csv,
 json}` in DIR and, with `logger=wandb`, the W&B summary run of the sweep's group.
 """
@@ -176,7 +176,7 @@ class Driver:
 
     def run(self, todo: list[tuple[str, Path, list[list[str]]]]) -> None:
         """Each job's commands (train or resume, then `--evaluate`'s) one after another in one slot; a command that
-        fails or is stopped ends its job's turn (the next command of the driver picks it up again)."""
+        fails or is stopped ends the job's turn (the next start of the same sweep command picks the job up again)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         while (todo and not self.stopping) or self.running:
             while todo and not self.stopping and len(self.running) < self.slots:
