@@ -40,7 +40,19 @@ REWARD_UNITS = {
     "ToyTask": "fraction of vowels",  # share of target characters in the response
     "MAFT": "fraction correct",
 }
-ALGORITHM_NAMES = {"ppo": "PPO", "cory": "CORY", "maft": "MAFT"}
+ALGORITHM_NAMES = {  # how figures name each `algorithm=` option (the config's file name otherwise)
+    "ppo": "PPO",
+    "cory": "CORY",
+    "maft": "MAFT",
+    "grpo": "GRPO",
+    "rloo": "RLOO",
+    "cory_cc": "CORY + centralised critic",
+    "cory_interleaved": "CORY interleaved",
+    "cory_shared": "CORY shared policy",
+    "cory_lora_roles": "CORY LoRA per role",
+    "cory_grpo": "CORY with GRPO",
+    "cory_rloo": "CORY with RLOO",
+}
 
 
 @dataclass(frozen=True)
@@ -130,7 +142,8 @@ def read_run_info(run_dir: str | Path, config_file: str | Path | None = None, su
 
     config = load(Path(config_file) if config_file else run_dir / RUN_CONFIG, yaml.safe_load)
     summary = load(Path(summary_file) if summary_file else run_dir / SUMMARY, json.loads)
-    overrides = load(run_dir / OVERRIDES, yaml.safe_load)
+    # a run folder's Hydra record, or the copy beside a run's results (`scripts/run_sweep.py --results`)
+    overrides = load(run_dir / OVERRIDES, yaml.safe_load) or load(run_dir / Path(OVERRIDES).name, yaml.safe_load)
     return run_info(
         config if isinstance(config, Mapping) else None,
         summary if isinstance(summary, Mapping) else None,
@@ -165,15 +178,17 @@ def describe(infos: Sequence[RunInfo]) -> str:
 TITLE_WIDTH = 100  # characters per title line: a longer one runs past the edges of a 10-inch figure
 
 
-def title(infos: Sequence[RunInfo], heading: str = "", note: str = "", fallback: str = "") -> str:
+def title(
+    infos: Sequence[RunInfo], heading: str = "", note: str = "", fallback: str = "", width: int = TITLE_WIDTH
+) -> str:
     """`heading`, then what the runs are (`describe`, or `fallback` when their files say nothing), then `note`,
-    wrapped at the " · " between facts into lines of at most `TITLE_WIDTH` characters (six algorithms' names and
-    the run facts do not fit on one)."""
+    wrapped at the " · " between facts into lines of at most `width` characters (six algorithms' names and the run
+    facts do not fit on one)."""
     parts = [p for p in (describe(infos) or fallback, note) if p]
     lines: list[str] = []
     for part in " · ".join(parts).split(" · ") if parts else []:
-        for piece in textwrap.wrap(part, TITLE_WIDTH, break_on_hyphens=False) or [part]:
-            if lines and len(lines[-1]) + 3 + len(piece) <= TITLE_WIDTH:
+        for piece in textwrap.wrap(part, width, break_on_hyphens=False) or [part]:
+            if lines and len(lines[-1]) + 3 + len(piece) <= width:
                 lines[-1] += " · " + piece
             else:
                 lines.append(piece)

@@ -237,7 +237,8 @@ def format_table(aggregated: list[dict], front: dict[str, list[dict]]) -> str:
 
 
 def draw_frontier(points: list[dict], title: str | None = None) -> tuple[Any, dict]:
-    """The frontier figure: colour = algorithm, marker = agent, a label = η; error bars = std over seeds.
+    """The frontier figure: colour = algorithm, marker = agent, a label = η; error bars = std over seeds; methods
+    whose means fall on the same place are drawn as nested markers and rings (`_nested_sizes`), none hidden.
 
     Each method's Pareto front over its seed means is a line through rings around its front points (a ring alone
     when the front is one point); the joint front over every method's means is the wide grey band behind them.
@@ -259,6 +260,7 @@ def draw_frontier(points: list[dict], title: str | None = None) -> tuple[Any, di
     agents = sorted({p["agent"] for p in points})
     colors = {a: f"C{i % 10}" for i, a in enumerate(algorithms)}
     markers = {a: MARKERS[i % len(MARKERS)] for i, a in enumerate(agents)}
+    sizes = _nested_sizes(aggregated, algorithms)
 
     fig = Figure(figsize=(8.5, 5.5), constrained_layout=True)
     FigureCanvasAgg(fig)
@@ -284,7 +286,7 @@ def draw_frontier(points: list[dict], title: str | None = None) -> tuple[Any, di
                 color=colors[algorithm],
                 marker=markers[agent],
                 mec="k",
-                ms=7,
+                ms=7 + 5 * sizes[algorithm],
                 capsize=3,
                 linestyle="none",
                 label=f"{figures.ALGORITHM_NAMES.get(algorithm, algorithm)} · {agent}",
@@ -295,8 +297,8 @@ def draw_frontier(points: list[dict], title: str | None = None) -> tuple[Any, di
                                 xytext=(6, 5), fontsize=7, color=colors[algorithm])  # fmt: skip
     for algorithm, rows in front.items():
         name = figures.ALGORITHM_NAMES.get(algorithm, algorithm)
-        ax.plot([r["x"] for r in rows], [r["y"] for r in rows], color=colors[algorithm], lw=1.5, alpha=0.8,
-                marker="o", ms=14, mfc="none", mew=1.2, label=f"{name} front (ringed)")  # fmt: skip
+        ax.plot([r["x"] for r in rows], [r["y"] for r in rows], color=colors[algorithm], lw=1.5, alpha=0.8, marker="o",
+                ms=14 + 5 * sizes[algorithm], mfc="none", mew=1.2, label=f"{name} front (ringed)")  # fmt: skip
     figures.outside_legend(ax, title="η next to each point", title_fontsize=8)
     unit = figures.shared([figures.RunInfo(reward_unit=p.get("reward_unit")) for p in points], "reward_unit")
     ax.set_xlabel(figures.with_unit("held-out task reward", unit))
@@ -308,8 +310,28 @@ def draw_frontier(points: list[dict], title: str | None = None) -> tuple[Any, di
         for p in points
     ]  # fmt: skip
     note = figures.seeds_note(row["n"] for row in aggregated) + (" ± std" if several_seeds else "")
-    ax.set_title(figures.title(infos, heading=title or "KL–reward frontier", note=note), fontsize=10)
+    heading = title or "KL–reward frontier"  # lines of 80 characters: the axes leave the legend a third of the width
+    ax.set_title(figures.title(infos, heading=heading, note=note, width=80), fontsize=10)
     return fig, {"aggregated": aggregated, "fronts": front, "joint_front": joint}
+
+
+def _nested_sizes(aggregated: list[dict], algorithms: list[str], near: float = 0.02) -> dict[str, int]:
+    """How many earlier-drawn methods (in `algorithms` order) have a mean within `near` of the axes' ranges of one of
+    this method's means, counted from the last method drawn: 0 for most, so that markers keep their size, and one
+    step larger for each method a later-drawn one would cover (the larger drawn first, the smaller on top)."""
+    xs, ys = [r["x"] for r in aggregated], [r["y"] for r in aggregated]
+    span_x, span_y = (max(v) - min(v) or 1.0 for v in (xs, ys))
+
+    def close(a: dict, b: dict) -> bool:
+        return abs(a["x"] - b["x"]) <= near * span_x and abs(a["y"] - b["y"]) <= near * span_y
+
+    level = dict.fromkeys(algorithms, 0)
+    for i in reversed(range(len(algorithms))):  # the last drawn is on top at its own size
+        mine = [r for r in aggregated if r["algorithm"] == algorithms[i]]
+        covering = {o["algorithm"] for o in aggregated if any(close(r, o) for r in mine)}
+        later = [a for a in algorithms[i + 1 :] if a in covering]
+        level[algorithms[i]] = max((level[a] + 1 for a in later), default=0)
+    return level
 
 
 def plot_frontier(points: list[dict], out_png: str | Path, title: str | None = None) -> dict:

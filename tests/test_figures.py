@@ -244,7 +244,7 @@ def test_frontier_title_units_and_seed_note():
     assert ax.get_title() == "KL–reward frontier\nPPO vs CORY · task imdb · experiment cpu_imdb · seed 0 · one seed"
     assert ax.get_xlabel() == "held-out task reward (TF-IDF logit)" and ax.get_ylabel() == "− held-out KL_seq (nats)"
     fig2, _ = frontier.draw_frontier(_frontier_points(seeds=(0, 1)))
-    assert fig2.axes[0].get_title().endswith("seeds 0, 1 · mean over 2 seeds ± std")
+    assert fig2.axes[0].get_title().endswith("seeds 0, 1\nmean over 2 seeds ± std")  # lines of at most 80 characters
 
 
 # ------------------------------------------------------------------------------------------- sweep curves
@@ -394,3 +394,27 @@ def test_a_long_title_is_wrapped_between_facts_and_loses_none():
     assert lines[0] == "KL–reward frontier: family_arithmetic" and len(lines) >= 3
     assert all(len(line) <= figures.TITLE_WIDTH for line in lines)
     assert " · ".join(lines[1:]) == " · ".join([figures.describe(infos), "mean over 3 seeds ± std"])
+
+
+def test_methods_with_the_same_means_stay_visible_as_nested_markers():
+    """GRPO and shared-policy CORY ended at the same mean on the family sweep: one marker must not hide the other."""
+    info = figures.RunInfo(task="arithmetic")
+    points = [
+        frontier.make_point(f"{a}{s}", a, None, s, "llm1", {"task_reward": 0.661, "kl": 3.07}, info)
+        for a in ("grpo", "cory_shared")
+        for s in (0, 1)
+    ]
+    fig, _ = frontier.draw_frontier(points)
+    ax = fig.axes[0]
+    means = {c.get_label(): c.lines[0] for c in ax.containers}  # the error-bar markers, one per method · agent
+    assert len(means) == 2
+    a, b = means.values()
+    assert list(a.get_xydata()[0]) == list(b.get_xydata()[0])  # the same place ...
+    assert a.get_markersize() != b.get_markersize()  # ... drawn in two sizes, the smaller on top
+    rings = [ln for ln in ax.lines if ln.get_label().endswith("front (ringed)")]
+    assert len({ln.get_markersize() for ln in rings}) == 2
+
+
+def test_every_algorithm_option_has_a_figure_name():
+    options = {p.stem for p in (Path(figures.__file__).parent / "conf" / "algorithm").glob("*.yaml")}
+    assert options <= set(figures.ALGORITHM_NAMES), options - set(figures.ALGORITHM_NAMES)
