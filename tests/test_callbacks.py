@@ -115,6 +115,7 @@ def _summaries(sweep_dir: Path) -> dict[str, dict]:
     return found
 
 
+@pytest.mark.long
 def test_sweep_groups_its_runs_in_wandb_and_logs_the_frontier_at_the_end(tmp_path):
     sweep_dir, proc = _sweep(tmp_path, "logger=wandb", env={"WANDB_MODE": "offline"})
     summaries = _summaries(sweep_dir)

@@ -290,6 +290,7 @@ def test_sigkill_mid_round_then_resume_equals_an_uninterrupted_run(tmp_path, tmp
     assert summary["rounds"] == json.loads((want / "summary.json").read_text())["rounds"]
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_sigterm_during_a_held_out_debate_checkpoints_and_the_resume_finishes_it(tmp_path, tmp_path_factory):
     want = reference(tmp_path_factory)

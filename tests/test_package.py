@@ -63,6 +63,7 @@ def test_the_wheel_carries_every_config_and_the_console_commands(tmp_path):
     assert "_target_: cory.algorithms.cory.CORY" in job.stdout and "_target_: cory.ppo.learner.PPOConfig" in job.stdout
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_cory_train_runs_and_completes_on_the_command_line(tmp_path):
     command = BIN / "cory-train"
@@ -135,6 +136,7 @@ EXTERNAL = {
 }
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_another_project_adds_a_task_and_a_reward_without_editing_cory(tmp_path):
     project = tmp_path / "myproject"

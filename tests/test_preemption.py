@@ -307,6 +307,7 @@ def test_sigterm_exits_within_seconds_from_an_iteration_that_would_never_end(tmp
 SLURM = {"SLURM_JOB_ID": "4242"}
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_a_requeued_slurm_job_running_the_same_command_continues_its_run(tmp_path, tmp_path_factory):
     """SIGUSR1 (SLURM's `--signal=B:USR1@...`), then the same command in the requeued job: no `resume=` typed."""

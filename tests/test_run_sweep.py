@@ -43,6 +43,7 @@ def test_jobs_are_hydras_expansion_and_folders_read_like_the_table(tmp_path):
     assert only == tmp_path / "run" / "seed=7"
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_a_stopped_sweep_resumes_and_a_finished_one_is_skipped(tmp_path):
     out = tmp_path / "sweep"

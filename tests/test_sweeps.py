@@ -78,6 +78,7 @@ def test_two_starts_in_the_same_second_get_different_folders():
     assert re.fullmatch(rf"outputs/runs/toy/ppo/{STAMP}", first) and first != second
 
 
+@pytest.mark.long
 def test_two_runs_started_together_run_in_two_folders(tmp_path):
     cmd = [sys.executable, "-m", "cory.train", "experiment=smoke", "iterations=1", "progress=false"]
     procs = [

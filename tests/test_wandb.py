@@ -44,6 +44,7 @@ def history(recs: list[dict]) -> list[dict]:
     return [r["history"]["item"] for r in recs if r["type"] == "history"]
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_a_run_is_declared_against_iteration_and_filterable(tmp_path):
     run_dir = tmp_path / "run"
