@@ -242,7 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     lock.write_text(str(os.getpid()))
     evaluate = args.evaluate is not None
-    evaluation = [] if args.evaluate is None else [evaluate_command(f, shlex.split(args.evaluate)) for f in folders]
+    evaluation = [evaluate_command(f, shlex.split(args.evaluate)) for f in folders] if evaluate else []
     try:
         todo = []
         for i, (job, folder) in enumerate(zip(jobs, folders, strict=True)):
