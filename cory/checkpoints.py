@@ -46,13 +46,19 @@ _FALLBACK = "delete that checkpoint folder and resume again to continue from the
 
 
 def write_checkpoint(
-    final: Path, save_algorithm: Callable[[Path], None], state: dict, keep: int, checksums: bool = True
+    final: Path,
+    save_algorithm: Callable[[Path], None],
+    state: dict,
+    keep: int,
+    checksums: bool = True,
+    torch_rng: dict[str, torch.Tensor] | None = None,
 ) -> None:
     """Write `final` atomically (temporary folder + rename) and keep only the last `keep` checkpoints.
 
     `save_algorithm(folder)` writes the algorithm's part into `final/algorithm` (`Algorithm.save`). Without
     `checksums` (a pre-iteration snapshot, `install_checkpoint` adds them if it becomes a checkpoint) no file is
-    hashed: hashing a large model costs about a second per GB."""
+    hashed: hashing a large model costs about a second per GB. `torch_rng`: the torch RNG states to store (default
+    this process's; several processes store each one's, `rank<r>/<device>`)."""
     root = final.parent
     tmp = root / f".tmp-{final.name}-{os.getpid()}"
     for stale in root.glob(".tmp-*"):  # left by a crash mid-write; one process writes a run's checkpoints
@@ -62,7 +68,7 @@ def write_checkpoint(
         (tmp / ALGORITHM_DIR).mkdir()
         save_algorithm(tmp / ALGORITHM_DIR)
         with writing(tmp / "torch_rng.safetensors"):
-            save_file(runtime.torch_rng_states(), str(tmp / "torch_rng.safetensors"))
+            save_file(torch_rng or runtime.torch_rng_states(), str(tmp / "torch_rng.safetensors"))
         files = _checksums(tmp) if checksums else {}
         (tmp / "trainer.json").write_text(
             json.dumps(state | {"files": files})
@@ -131,11 +137,16 @@ def verify_checksums(checkpoint: Path, state: dict) -> None:
             )
 
 
-def load_torch_rng(checkpoint: Path) -> dict[str, torch.Tensor]:
-    """The torch RNG states saved with the checkpoint."""
+def load_torch_rng(checkpoint: Path, rank: int = 0) -> dict[str, torch.Tensor]:
+    """The torch RNG states saved with the checkpoint: process `rank`'s when several processes saved theirs (rank 0's
+    when that rank saved none: a resume on more processes than the run had)."""
     path = checkpoint / "torch_rng.safetensors"
     with damaged(path, checkpoint):
-        return load_file(str(path))
+        states = load_file(str(path))
+    if not any(k.startswith("rank") for k in states):
+        return states
+    prefix = f"rank{rank}/" if any(k.startswith(f"rank{rank}/") for k in states) else "rank0/"
+    return {k.removeprefix(prefix): v for k, v in states.items() if k.startswith(prefix)}
 
 
 def check_files(folder: Path, checkpoint: Path) -> None:

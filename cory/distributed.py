@@ -1,4 +1,5 @@
-"""Data parallel through accelerate, the one distributed engine: no process group or collective is written here.
+"""Data parallel through accelerate (DeepSpeed for ZeRO, `cory/engines.py`): no process group or collective is
+written here.
 
 A launcher (`accelerate launch`, `torchrun`, `srun` + `accelerate launch`) starts one process per device and sets
 RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT. `setup` hands them to accelerate's `PartialState`,
@@ -14,6 +15,8 @@ samples (`mean`). Why gradients are reduced rather than the models wrapped in DD
 from __future__ import annotations
 
 import json
+import os
+import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -27,39 +30,67 @@ from cory.errors import ConfigError
 CONF_DIR = Path(__file__).resolve().parent / "conf"
 ENGINES = ("accelerate", "deepspeed")  # hardware.engine; absent means accelerate (data parallel by gradient mean)
 _STATE: PartialState | None = None  # set by `setup`; before it (tests, scripts) the run is one process
+_DEEPSPEED: dict[str, Any] | None = None  # the DeepSpeed config of a ZeRO run (`setup`)
+_SET_ENV: list[str] = []  # launcher variables `_join_alone` set for a one-process ZeRO run
 
 
 def setup(hardware: Mapping[str, Any], device: torch.device) -> torch.device:
     """Join the launcher's process group through accelerate; returns this process's device.
 
     One process keeps `device` as configured (so `hardware.device=cuda:1` is honoured); several take accelerate's
-    (`cuda:<LOCAL_RANK>` or the CPU). `hardware.engine=deepspeed` is checked, then refused in one line (below)."""
-    global _STATE
+    (`cuda:<LOCAL_RANK>` or the CPU). `hardware.engine=deepspeed` also reads and checks the DeepSpeed config, which
+    the learners' engines then use (`cory/engines.py`); DeepSpeed joins the same process group."""
+    global _STATE, _DEEPSPEED
     engine = hardware.get("engine", "accelerate")
     if engine not in ENGINES:
         raise ConfigError(f"hardware.engine={engine!r}: allowed {', '.join(ENGINES)}")
-    if engine == "deepspeed":
-        check_deepspeed(hardware)
+    _DEEPSPEED = deepspeed_config(hardware) if engine == "deepspeed" else None
+    stage = _DEEPSPEED["zero_optimization"]["stage"] if _DEEPSPEED else None
+    if stage == 3:
+        _DEEPSPEED = None
+        raise ConfigError(
+            "hardware.engine=deepspeed (ZeRO-3): configs compose and validate, but only ZeRO-2 is implemented "
+            "(ZeRO-3 needs generation with gathered weights and a sharded reference); use hardware=deepspeed_zero2"
+        )
     _STATE = PartialState(cpu=device.type == "cpu")
+    if _DEEPSPEED is not None and not torch.distributed.is_initialized():
+        _join_alone(device)
     return device if _STATE.num_processes == 1 else _STATE.device
 
 
-def check_deepspeed(hardware: Mapping[str, Any]) -> dict[str, Any]:
-    """The DeepSpeed config a ZeRO hardware option points to, checked against `hardware.precision`; then the
-    refusal: the configs compose and validate, but the learner has no ZeRO path yet (docs/running.md, Scale)."""
-    config = deepspeed_config(hardware)
-    stage = config["zero_optimization"]["stage"]
-    if not torch.cuda.is_available():
-        raise ConfigError(f"hardware.engine=deepspeed (ZeRO-{stage}) needs CUDA GPUs; use hardware=cpu")
-    raise ConfigError(
-        f"hardware.engine=deepspeed (ZeRO-{stage}): configs compose and validate, but the learner's ZeRO path "
-        "(engine backward/step, gathered generation) is not implemented; use hardware=multi_gpu (docs/running.md)"
+def _join_alone(device: torch.device) -> None:
+    """DeepSpeed needs a process group even for one process started without a launcher: a group of one, joined
+    through DeepSpeed with the variables a launcher would have set (a free local port); `close` removes them."""
+    import deepspeed
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    launcher = {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+    for key, value in launcher.items():
+        if key not in os.environ:
+            os.environ[key] = value
+            _SET_ENV.append(key)
+    deepspeed.init_distributed(
+        dist_backend="gloo" if device.type == "cpu" else "nccl", auto_mpi_discovery=False, verbose=False
     )
 
 
+def deepspeed() -> dict[str, Any] | None:
+    """The checked DeepSpeed config of a `hardware.engine=deepspeed` run (None otherwise, and before `setup`)."""
+    return _DEEPSPEED
+
+
 def deepspeed_config(hardware: Mapping[str, Any]) -> dict[str, Any]:
-    """`hardware.deepspeed_config` (a JSON file, relative to `cory/conf`), checked: a ZeRO stage of 2 or 3 and the
-    same mixed precision as `hardware.precision` (bf16 ↔ `bf16.enabled`, fp16 ↔ `fp16.enabled`, fp32 ↔ neither)."""
+    """`hardware.deepspeed_config` (a JSON file, relative to `cory/conf`), checked: a ZeRO stage of 2 or 3, and its
+    mixed precision that of `hardware.precision`: set from it when the file leaves `bf16`/`fp16` out (ours do, so
+    `hardware.precision=fp32` runs the same file on a CPU), refused when the file says otherwise."""
     name = hardware.get("deepspeed_config")
     if not name:
         raise ConfigError("hardware.engine=deepspeed needs hardware.deepspeed_config (a JSON file)")
@@ -70,13 +101,22 @@ def deepspeed_config(hardware: Mapping[str, Any]) -> dict[str, Any]:
     stage = config.get("zero_optimization", {}).get("stage")
     if stage not in (2, 3):
         raise ConfigError(f"hardware.deepspeed_config={name}: zero_optimization.stage={stage}; allowed 2, 3")
-    enabled = {p for p in ("bf16", "fp16") if config.get(p, {}).get("enabled", False)}
     precision = hardware.get("precision", "fp32")
-    if enabled != ({precision} - {"fp32"}):
-        raise ConfigError(
-            f"hardware.deepspeed_config={name} enables {sorted(enabled) or 'fp32'} but hardware.precision={precision}"
-        )
-    return config
+    wanted = {p: {"enabled": p == precision} for p in ("bf16", "fp16")}
+    if any(p in config for p in wanted):
+        enabled = {p for p in wanted if config.get(p, {}).get("enabled", False)}
+        if enabled != ({precision} - {"fp32"}):
+            raise ConfigError(
+                f"hardware.deepspeed_config={name} enables {sorted(enabled) or 'fp32'} but "
+                f"hardware.precision={precision}"
+            )
+    return wanted | config
+
+
+def sharded() -> bool:
+    """Whether the learners' state is sharded over the processes (ZeRO): then saving a checkpoint is collective,
+    every process calls the algorithm's `save` and rank 0 alone keeps what it wrote."""
+    return _DEEPSPEED is not None
 
 
 def world_size() -> int:
@@ -111,6 +151,13 @@ def mean(value: float) -> float:
     return reduce(torch.tensor([value], dtype=torch.float64), reduction="mean").item()
 
 
+def every(value: Any) -> list[Any]:
+    """`value` of every process, by rank (accelerate's `gather_object`); one process: `[value]`."""
+    if world_size() == 1:
+        return [value]
+    return gather_object([value])
+
+
 def mean_metrics(metrics: dict[str, float]) -> dict[str, float]:
     """Each numeric metric averaged over the processes that report it (TRL logs the mean over processes too); one
     process: `metrics` itself."""
@@ -136,7 +183,11 @@ def weights_in_sync(tensors: list[torch.Tensor]) -> bool:
 
 def close() -> None:
     """Leave the process group (accelerate's `destroy_process_group`); a later `setup` starts afresh."""
-    global _STATE
+    global _STATE, _DEEPSPEED
     if _STATE is not None:
         _STATE.destroy_process_group()
-    _STATE = None
+    if _DEEPSPEED is not None and torch.distributed.is_initialized():  # the group of one `_join_alone` joined
+        torch.distributed.destroy_process_group()
+    while _SET_ENV:
+        os.environ.pop(_SET_ENV.pop(), None)
+    _STATE, _DEEPSPEED = None, None

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, load_model, save_file, save_model
+from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -168,8 +168,10 @@ class PolicyWithValueHead(nn.Module):
     def save_weights(self, directory: Path) -> None:
         """Safetensors of what this handle owns: the adapter + value head (LoRA) or the whole policy (full)."""
         directory = Path(directory)
-        if self.adapter is None:
-            save_model(self, str(directory / FULL_WEIGHTS))  # handles tied embeddings
+        if self.adapter is None:  # each tensor once under its first name (tied embeddings are one tensor)
+            state = self.state_dict()
+            tensors = {group[0]: state[group[0]].detach().contiguous().clone() for group in _tied_names(self)}
+            save_file(tensors, str(directory / FULL_WEIGHTS), metadata={"format": "pt"})
             return
         from peft import get_peft_model_state_dict
 
@@ -189,7 +191,7 @@ class PolicyWithValueHead(nn.Module):
         directory = Path(directory)
         device = str(self.v_head.summary.weight.device)
         if self.adapter is None:
-            load_model(self, str(directory / FULL_WEIGHTS), device=device)
+            _load_tied(self, load_file(str(directory / FULL_WEIGHTS), device=device), directory / FULL_WEIGHTS)
             return
         from peft import get_peft_model_state_dict, set_peft_model_state_dict
 
@@ -199,6 +201,33 @@ class PolicyWithValueHead(nn.Module):
             raise ValueError(f"{directory / ADAPTER_WEIGHTS} does not fit this model's `{self.adapter}` adapter")
         set_peft_model_state_dict(self.pretrained_model, state, adapter_name=self.adapter)
         self.v_head.load_state_dict(load_file(str(directory / VALUE_HEAD_WEIGHTS), device=device))
+
+
+def _tied_names(module: nn.Module) -> list[list[str]]:
+    """The state dict's names grouped by the tensor they name: tied weights (GPT-2's embedding and LM head) are one
+    group. Found by storage address and shape, not by storage, because DeepSpeed ZeRO makes every parameter a
+    view of one flat buffer (which is also why safetensors' `save_model` cannot be used: it refuses that)."""
+    groups: dict[tuple, list[str]] = {}
+    for name, tensor in module.state_dict(keep_vars=True).items():
+        groups.setdefault((tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride())), []).append(name)
+    return list(groups.values())
+
+
+def _load_tied(module: nn.Module, tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """Copy `tensors` into `module` in place (a tied group from any one of its names).
+
+    Raises:
+        ValueError: a tensor is missing, extra or of another shape (another architecture or size)."""
+    targets = module.state_dict(keep_vars=True)
+    groups = _tied_names(module)
+    extra = set(tensors) - set(targets)
+    for group in groups:
+        name = next((n for n in group if n in tensors), None)
+        if name is None or extra or tensors[name].shape != targets[name].shape:
+            raise ValueError(f"{path} does not fit this model ({(sorted(extra) or [group[0]])[0]})")
+    with torch.no_grad():
+        for group in groups:
+            targets[group[0]].copy_(tensors[next(n for n in group if n in tensors)])
 
 
 class AdapterFreeReference(nn.Module):

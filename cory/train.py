@@ -81,9 +81,10 @@ def _train(cfg: DictConfig, run_dir: Path, resuming: bool, record_start: Callabl
         checkpoint = latest_checkpoint(run_dir)
         if checkpoint is not None:  # checked whole before anything changes: a refusal leaves the folder as it was
             trainer.load_checkpoint(checkpoint)  # restores run_info too: the run keeps its identity
-        # rows logged after the checkpoint are dropped (all of them without one): they are logged again
-        truncate_lines(run_dir / "metrics.jsonl", trainer.metrics_lines)
-        truncate_lines(run_dir / "samples.jsonl", trainer.samples_lines)
+        if distributed.is_main():  # the one writer; another process truncating later would drop its new rows
+            # rows logged after the checkpoint are dropped (all of them without one): they are logged again
+            truncate_lines(run_dir / "metrics.jsonl", trainer.metrics_lines)
+            truncate_lines(run_dir / "samples.jsonl", trainer.samples_lines)
         where = checkpoint.name if checkpoint is not None else "the start (no checkpoint yet)"
     record_start(trainer.iteration)  # only a start that got this far is one
     # from here on, what the run says is also in its train.log (a refused start leaves the folder as it was)

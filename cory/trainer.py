@@ -204,7 +204,8 @@ class Trainer:
                 self._log(metrics, step=self.iteration)
                 self.pending_eval = False
                 shown = " ".join(f"{k} {v:.3f}" for k, v in self._eval_headline.items())
-                runtime.say(f"[cory] evaluation after {self.iteration} iterations: {shown}")
+                if distributed.is_main():  # the one that evaluated
+                    runtime.say(f"[cory] evaluation after {self.iteration} iterations: {shown}")
 
     def _stop_before(self, k: int, dropped: bool) -> None:
         """Stopped by a signal before iteration k changed anything (`dropped`: it had begun): checkpoint the
@@ -266,8 +267,21 @@ class Trainer:
     def save_checkpoint(self) -> Path:
         """Write `checkpoints/iter_<k>` atomically and keep the last `keep_checkpoints`."""
         final = self._checkpoint_path()
+        # each process's own RNG streams (they differ: seed + rank), so that every process resumes exactly
+        streams = distributed.every((runtime.rng_state(), runtime.torch_rng_states()))
         if distributed.is_main():  # weights are identical on every process: rank 0 writes them
-            write_checkpoint(final, self.algorithm.save, self._state(), self.s.keep_checkpoints)
+            state = self._state() | ({"rng_by_rank": [r for r, _ in streams]} if len(streams) > 1 else {})
+            torch_rng = {f"rank{i}/{k}": t for i, (_, ts) in enumerate(streams) for k, t in ts.items()}
+            write_checkpoint(
+                final,
+                self.algorithm.save,
+                state,
+                self.s.keep_checkpoints,
+                torch_rng=torch_rng if len(streams) > 1 else None,
+            )
+        elif distributed.sharded():  # ZeRO: the Adam state is in pieces, every process takes part in gathering it
+            with tempfile.TemporaryDirectory() as scratch:  # what another process writes is not kept
+                self.algorithm.save(Path(scratch))
         return final
 
     def _checkpoint_path(self) -> Path:
@@ -319,9 +333,10 @@ class Trainer:
                 f"checkpoint {path} is incompatible with this run: format {state['format']} vs {CHECKPOINT_FORMAT}"
             )
         self.algorithm.load(path / ALGORITHM_DIR)  # its own one-line refusals name what is wrong
-        torch_states = load_torch_rng(path)
+        torch_states = load_torch_rng(path, distributed.rank())
         verify_checksums(path, state)  # what still parsed must also be what was saved
-        runtime.set_rng_state(state["rng"])
+        by_rank = state.get("rng_by_rank", [])  # several processes: each resumes its own streams
+        runtime.set_rng_state(by_rank[distributed.rank()] if distributed.rank() < len(by_rank) else state["rng"])
         runtime.set_torch_rng_states(torch_states)
         self.iteration = state["iteration"]
         self.bad_streak, self.nonfinite_iterations = state["bad_streak"], state["nonfinite_iterations"]

@@ -143,6 +143,9 @@ def make(out: Path, tokenizer_dir: Path, seed: int, n_layer: int, n_head: int, n
 
 
 def main(argv: list[str] | None = None) -> None:
+    # stdout is the model's path alone; `save_pretrained` imports DeepSpeed when it is installed, and DeepSpeed warns
+    # on stdout that it found no accelerator unless told it runs on the CPU, which this script always does
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=None, help="model folder (default $CORY_CACHE/gpt2-small-random)")
     parser.add_argument(

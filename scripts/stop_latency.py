@@ -30,15 +30,15 @@ ROOT = Path(__file__).resolve().parents[1]
 def measure(overrides: list[str], snapshot: bool) -> dict:
     """Train 2 iterations with a SIGTERM after the first optimiser step of the second; the timings."""
     sys.path.insert(0, str(ROOT))
-    import cory.ppo.learner
+    import cory.engines
     import cory.trainer
     from cory.cli import compose
     from cory.train import train
 
     seen: dict = {"iteration": None, "snapshot_s": [], "steps": 0, "signal": None, "checkpoint": None}
-    trainer, learner = cory.trainer.Trainer, cory.ppo.learner
+    trainer, engines = cory.trainer.Trainer, cory.engines
     real_iteration, real_snapshot, real_save = trainer._iteration, trainer._take_snapshot, trainer.save_checkpoint
-    real_step, real_install = learner.optimizer_step, cory.trainer.install_checkpoint
+    real_step, real_install = engines.optimizer_step, cory.trainer.install_checkpoint
 
     def iteration(self, k, bar):
         seen["iteration"] = k
@@ -70,7 +70,7 @@ def measure(overrides: list[str], snapshot: bool) -> dict:
         return path
 
     trainer._iteration, trainer._take_snapshot, trainer.save_checkpoint = iteration, take_snapshot, save
-    learner.optimizer_step, cory.trainer.install_checkpoint = step, install
+    engines.optimizer_step, cory.trainer.install_checkpoint = step, install
     args = [*overrides, "iterations=2", "save_every=0", "progress=false", f"snapshot_updates={str(snapshot).lower()}"]
     with tempfile.TemporaryDirectory(prefix="stop-latency-") as tmp:
         with contextlib.redirect_stdout(sys.stderr):  # the run's console lines: stdout is the JSON alone

@@ -276,8 +276,12 @@ def test_ratio_threshold_skip_leaves_weights_and_optimizer_untouched():
 
 # ------------------------------------------------------------------------------------------------------- (f)
 def _is_pickle_or_torch_zip(path: Path) -> bool:
-    head = path.read_bytes()[:2]
-    return head[:1] == b"\x80" or head == b"PK"
+    """A pickle or a torch zip archive; a safetensors file (an 8-byte header length, then its JSON header) is
+    neither, even when the length's first bytes happen to read `PK`."""
+    data = path.read_bytes()
+    if len(data) > 8 and data[8:9] == b"{" and int.from_bytes(data[:8], "little") < len(data):
+        return False
+    return data[:1] == b"\x80" or data[:2] == b"PK"
 
 
 def test_save_load_round_trip(tmp_path: Path):

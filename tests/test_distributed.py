@@ -18,7 +18,10 @@
    We allow 2e-5 for any element and 1e-7 for all but 0.5 % of them. An engine that did not average (each
    process stepping on its own half) misses by 4e-3, with 68 % of the elements off by more than 1e-4.
 2. `cory.train` end to end: the run finishes, rank 0 alone writes the run folder, both processes end with identical
-   weights.
+   weights; a 2-process run resumed from a checkpoint logs the same rows again (long).
+3. DeepSpeed ZeRO-2 (`cory/engines.py`): on one process it trains as torch's Adam; on 2 processes, on the fixed
+   rollouts of 1., it gives the update of torch's Adam on one process with the whole batch (same tolerance), and
+   the two engines resume each other's checkpoints (long). ZeRO-3 and LoRA under ZeRO are refused in one line.
 Run: `python -m pytest tests/test_distributed.py`.
 """
 
@@ -35,7 +38,7 @@ import pytest
 import torch
 from helpers.compose import compose_cfg
 
-from cory import distributed
+from cory import distributed, engines
 from cory.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,20 +96,101 @@ def test_single_process_engine_is_a_no_op() -> None:
     distributed.close()
 
 
-@pytest.mark.parametrize(("option", "stage"), [("deepspeed_zero2", 2), ("deepspeed_zero3", 3)])
-def test_zero_options_compose_and_are_refused_in_one_line(option: str, stage: int) -> None:
-    """The ZeRO options compose, point to a DeepSpeed config of their stage whose precision is the option's; the
-    learner has no ZeRO path, so building one stops with a one-line ConfigError (on a CPU: it needs CUDA)."""
-    hardware = compose_cfg([f"hardware={option}"]).hardware
-    config = distributed.deepspeed_config(hardware)
-    assert config["zero_optimization"]["stage"] == stage
-    assert config["bf16"]["enabled"] is (hardware.precision == "bf16")
+def test_zero_configs_take_the_precision_of_the_hardware_option() -> None:
+    """Our DeepSpeed files leave mixed precision out; `hardware.precision` sets it (bf16 on GPUs, fp32 on a CPU); a
+    user's file that says otherwise is refused in one line."""
+    for option, stage in (("deepspeed_zero2", 2), ("deepspeed_zero3", 3)):
+        hardware = compose_cfg([f"hardware={option}"]).hardware
+        config = distributed.deepspeed_config(hardware)
+        assert config["zero_optimization"]["stage"] == stage and hardware.precision == "bf16"
+        assert config["bf16"] == {"enabled": True} and config["fp16"] == {"enabled": False}
+        cpu = distributed.deepspeed_config(compose_cfg([f"hardware={option}", "hardware.precision=fp32"]).hardware)
+        assert cpu["bf16"] == cpu["fp16"] == {"enabled": False}
+
+
+def test_a_deepspeed_file_whose_precision_disagrees_is_refused(tmp_path: Path) -> None:
+    own = tmp_path / "mine.json"
+    own.write_text(json.dumps({"zero_optimization": {"stage": 2}, "bf16": {"enabled": True}}))
+    hardware = compose_cfg(["hardware=deepspeed_zero2", "hardware.precision=fp32", f"hardware.deepspeed_config={own}"])
+    with pytest.raises(ConfigError, match="enables \\['bf16'\\] but hardware.precision=fp32"):
+        distributed.deepspeed_config(hardware.hardware)
+
+
+def test_zero3_is_refused_in_one_line_before_anything_is_built() -> None:
+    hardware = compose_cfg(["hardware=deepspeed_zero3", "hardware.device=cpu", "hardware.precision=fp32"]).hardware
     with pytest.raises(ConfigError) as err:
         distributed.setup(hardware, torch.device("cpu"))
-    assert "\n" not in str(err.value) and f"ZeRO-{stage}" in str(err.value)
-    mismatched = compose_cfg([f"hardware={option}", "hardware.precision=fp32"]).hardware
-    with pytest.raises(ConfigError, match="enables \\['bf16'\\] but hardware.precision=fp32"):
-        distributed.deepspeed_config(mismatched)
+    assert "\n" not in str(err.value) and "ZeRO-3" in str(err.value) and "deepspeed_zero2" in str(err.value)
+    assert distributed.deepspeed() is None
+    distributed.close()
+
+
+def _adam_state(path: Path) -> torch.Tensor:
+    state = torch.load(path, weights_only=True)["state"]
+    return torch.cat([state[i][k].flatten() for i in sorted(state) for k in ("exp_avg", "exp_avg_sq")])
+
+
+def test_zero2_on_one_process_trains_as_torch_adam(tmp_path: Path) -> None:
+    """Without a launcher, ZeRO-2 joins a process group of one; the run's metrics are those of torch's Adam (fused
+    kernel vs DeepSpeed's flat shard: float32 rounding only) and its checkpoint is in torch's format."""
+    base = [sys.executable, "-m", "cory.train", "experiment=smoke", "algorithm=cory", "model.lora.enabled=false"]
+    base += ["iterations=2", "progress=false", "save_every=2"]
+    zero = ["hardware=deepspeed_zero2", "hardware.device=cpu", "hardware.precision=fp32"]
+    _run([*base, *zero, f"hydra.run.dir={tmp_path / 'zero'}"])
+    _run([*base, f"hydra.run.dir={tmp_path / 'adam'}"])
+    rows = [
+        [json.loads(r) for r in (tmp_path / d / "metrics.jsonl").read_text().splitlines()] for d in ("zero", "adam")
+    ]
+    assert len(rows[0]) == len(rows[1]) == 4
+    for got, want in zip(*rows):
+        for key, value in want.items():
+            if isinstance(value, float) and not key.startswith("time/") and "memory" not in key:
+                assert got[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    state = torch.load(tmp_path / "zero" / "checkpoints" / "iter_000002" / "algorithm" / "llm1" / "optimizer.pt")
+    assert sorted(state["state"][0]) == ["exp_avg", "exp_avg_sq", "step"] and float(state["state"][0]["step"]) > 0
+
+
+def test_zero_with_lora_adapters_is_refused_in_one_line() -> None:
+    """LoRA agents share one base module (and their Adam states are small): ZeRO wraps whole models only."""
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+    adapter_only = list(model[1].parameters())
+    with pytest.raises(ConfigError, match="model.lora.enabled=false") as err:
+        engines.ZeroStep(model, adapter_only, 1e-3, 1.0, 4, 1, {"zero_optimization": {"stage": 2}})
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.long
+def test_zero2_on_two_processes_updates_as_one_process_and_shares_its_checkpoints(tmp_path: Path) -> None:
+    """DeepSpeed ZeRO-2 (Adam sharded over 2 gloo processes; CORY's two agents fully fine-tuned, each its own
+    engine) against torch's Adam in one process with the whole batch, on the fixed rollouts of the test above and
+    with its tolerance (the same float32 reordering: DeepSpeed reduces, clips and steps the flat shards).
+    Then the checkpoints: ZeRO saves Adam in torch's format (gathered from the shards), so each engine resumes
+    the other's checkpoint and takes the same next update."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    _run([sys.executable, str(WORKER), str(one), "cory", "--emulate", "2", "--zero", "--save", str(one / "ck")])
+    launch = [_torchrun(), "--standalone", "--nproc_per_node", "2", str(WORKER)]
+    _run([*launch, str(two), "cory", "--zero", "--save", str(two / "ck")])
+    ref, ranks = torch.load(one / "rank0.pt"), [torch.load(two / f"rank{r}.pt") for r in (0, 1)]
+    for name in ("llm1", "llm2"):
+        got = _flat(ranks[0][name]["params"])
+        assert torch.equal(got, _flat(ranks[1][name]["params"]))  # the same weights on every process
+        assert ranks[0][name]["adam_steps"] == ref[name]["adam_steps"] == 2.0
+        assert ranks[0][name]["kl_coef"] == pytest.approx(ref[name]["kl_coef"], rel=1e-9, abs=0)
+        diff = (got - _flat(ref[name]["params"])).abs()
+        assert diff.max() <= 2e-2 * LEARNING_RATE, (name, diff.max())
+        assert (diff > 1e-7).float().mean() <= 0.005, (name, (diff > 1e-7).sum())
+        saved = [_adam_state(d / "ck" / name / "optimizer.pt") for d in (one, two)]
+        assert saved[0].shape == saved[1].shape and (saved[0] - saved[1]).abs().max() <= 1e-6
+    # each engine continues from the other's checkpoint: one more update on the same rollouts
+    _run(
+        [sys.executable, str(WORKER), str(one / "next"), "cory", "--emulate", "2", "--zero", "--load", str(two / "ck")]
+    )
+    _run([*launch, str(two / "next"), "cory", "--zero", "--load", str(one / "ck")])
+    ref, got = torch.load(one / "next" / "rank0.pt"), torch.load(two / "next" / "rank0.pt")
+    for name in ("llm1", "llm2"):
+        assert ref[name]["adam_steps"] == got[name]["adam_steps"] == 4.0  # the step count was restored
+        diff = (_flat(got[name]["params"]) - _flat(ref[name]["params"])).abs()
+        assert diff.max() <= 2e-2 * LEARNING_RATE, (name, diff.max())
 
 
 @pytest.mark.parametrize("algorithm", ["ppo", "cory"])
@@ -135,3 +219,45 @@ def test_two_gloo_processes_stay_in_sync(tmp_path: Path, algorithm: str) -> None
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train_rows = [r for r in rows if any(k.startswith("train/") for k in r)]
     assert [r["iteration"] for r in train_rows] == [0, 1]  # one writer: no duplicated rows
+
+
+ZERO2_CPU = ("hardware=deepspeed_zero2", "hardware.device=cpu", "hardware.precision=fp32", "model.lora.enabled=false")
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("engine", ["accelerate", "zero2"])
+def test_a_two_process_cory_run_resumes_exactly(tmp_path: Path, engine: str) -> None:
+    """`cory.train` on 2 processes, checkpoint every iteration; resumed from the first checkpoint, it logs the same
+    rows again. Each process samples its own slice with its own RNG streams (seed + rank), so a checkpoint holds
+    every process's streams, and rank 0 alone truncates the logs (a late truncation by another process dropped
+    rank 0's new rows). Under ZeRO-2 the Adam shards are gathered into the checkpoint and scattered back."""
+    run_dir = tmp_path / "run"
+    hardware = ZERO2_CPU if engine == "zero2" else ()
+    cmd = [_torchrun(), "--standalone", "--nproc_per_node", "2", "-m", "cory.train", "experiment=smoke"]
+    _run(
+        [
+            *cmd,
+            "algorithm=cory",
+            *hardware,
+            "iterations=3",
+            "save_every=1",
+            "keep_checkpoints=3",
+            "progress=false",
+            "num_eval=4",
+            f"hydra.run.dir={run_dir}",
+            f"cache_dir={tmp_path / 'cache'}",
+        ]
+    )
+    first = (run_dir / "metrics.jsonl").read_text().splitlines()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["weights_in_sync"] is True and summary["completed"]
+    for later in ("iter_000002", "iter_000003"):
+        shutil.rmtree(run_dir / "checkpoints" / later)
+    _run([*cmd[:-1], "resume=" + str(run_dir)])
+    again = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert len(again) == len(first) == 6  # evaluations at 0, 2, 3 and three training rows
+
+    def same(row: str) -> dict:
+        return {k: v for k, v in json.loads(row).items() if not k.startswith("time/") and "memory" not in k}
+
+    assert [same(r) for r in again] == [same(r) for r in first]

@@ -73,7 +73,7 @@ def test_all_finite_passes_every_finite_tensor():
 # ----------------------------------------------------------------------------------------------- fused Adam
 def test_fused_adam_stays_within_rounding_of_the_default_adam():
     fused, default = make_agent(), make_agent()
-    default.optimizer = torch.optim.Adam(default.trainable_parameters(), lr=CFG.learning_rate, foreach=False)
+    default.engine.optimizer = torch.optim.Adam(default.trainable_parameters(), lr=CFG.learning_rate, foreach=False)
     assert fused.optimizer.param_groups[0]["fused"] and not default.optimizer.param_groups[0]["fused"]
     start = weights(fused)
     for seed in range(3):  # 3 learn calls × 4 optimiser steps, each on the agents' own (near-equal) rollouts

@@ -40,6 +40,7 @@ def test_table_and_json_from_faked_measurements(tmp_path) -> None:
         "bf16_vs_fp32": {"max_abs_dlogp": 0.0312, "max_rel_dkl_seq": 0.25, "mean_kl_seq_fp32": 1.5},
         "vllm_vs_hf": {"model": "smollm2_135m", "identical": 6, "prompts": 6, "hf_s": 2.0, "vllm_s": 0.5},
         "ddp": {"status": "skipped", "reason": "one GPU visible"},
+        "zero2": {"processes": 1, "iterations": 2, "s_per_iter": 0.4, "all_finite": True},
         "cory_ppo_ratio": {"status": "failed", "error": "benchmark.py exited with 1"},
     }
     table = gpu_check.report(results, tmp_path / "out", "1 × NVIDIA H200")
@@ -50,6 +51,7 @@ def test_table_and_json_from_faked_measurements(tmp_path) -> None:
         "  bf16_vs_fp32    max |Δlog π| 0.0312, max rel |ΔKL_seq| 0.25",
         "  vllm_vs_hf      6/6 identical greedy texts (smollm2_135m)",
         "  ddp             skipped: one GPU visible",
+        "  zero2           1 processes, 2 iterations, 0.40 s/it, finite",
         "  cory_ppo_ratio  FAILED: benchmark.py exited with 1",
     ]
     saved = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
@@ -105,6 +107,11 @@ def test_main_skips_vllm_when_absent_and_takes_the_ratio_overrides(tmp_path, mon
     monkeypatch.setattr(gpu_check, "train_runs", lambda out, extra=(): {"lora_4bit_ppo": run, "lora_4bit_cory": run})
     monkeypatch.setattr(gpu_check, "bf16_vs_fp32", lambda: {"max_abs_dlogp": 0.01, "max_rel_dkl_seq": 0.1})
     monkeypatch.setattr(gpu_check, "vllm_vs_hf", lambda out: pytest.fail("vLLM check ran without vLLM"))
+    monkeypatch.setattr(
+        gpu_check,
+        "zero2",
+        lambda out, gpus: {"processes": gpus, "iterations": 2, "s_per_iter": 1.0, "all_finite": True},
+    )
     ratio = {"ratio": 2.0, "ppo_s_per_iter": 1.0, "cory_s_per_iter": 2.0, "ppo_peak_mb": 1.0, "cory_peak_mb": 2.0}
     monkeypatch.setattr(gpu_check, "cory_ppo_ratio", lambda overrides: seen.setdefault("ratio", overrides) and ratio)
     assert (
@@ -113,6 +120,7 @@ def test_main_skips_vllm_when_absent_and_takes_the_ratio_overrides(tmp_path, mon
     checks = json.loads((tmp_path / "gpu_check.json").read_text())["checks"]
     assert checks["vllm_vs_hf"] == {"status": "skipped", "reason": gpu_check.NO_VLLM}
     assert checks["ddp"]["status"] == "skipped"
+    assert checks["zero2"]["iterations"] == 2
     assert seen["ratio"] == ["experiment=imdb_gpt2", "task.max_new_tokens=[16,16]"]
 
 

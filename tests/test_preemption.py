@@ -35,6 +35,7 @@ from helpers.runners import (
     start_run,
 )
 
+import cory.engines
 import cory.ppo.learner
 import cory.trainer
 from cory import preemption, runs
@@ -162,7 +163,7 @@ def signal_in_optimizer_step(monkeypatch, sig: signal.Signals, iteration: int, c
             return _step(self, k)
 
         monkeypatch.setattr(cls, "step", step)
-    real, steps = cory.ppo.learner.optimizer_step, []
+    real, steps = cory.engines.optimizer_step, []
 
     def hooked(*args, **kwargs):
         done = real(*args, **kwargs)
@@ -171,7 +172,7 @@ def signal_in_optimizer_step(monkeypatch, sig: signal.Signals, iteration: int, c
             os.kill(os.getpid(), sig)  # the handler runs before the next line: the rest of the update never runs
         return done
 
-    monkeypatch.setattr(cory.ppo.learner, "optimizer_step", hooked)
+    monkeypatch.setattr(cory.engines, "optimizer_step", hooked)
     return steps
 
 

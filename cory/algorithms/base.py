@@ -120,7 +120,10 @@ class Algorithm(Protocol):
 
     def save(self, directory: Path) -> None:
         """Write everything a resumed run needs into the (new, empty) `directory`: weights, optimiser states,
-        controllers, the algorithm's own RNG streams and counters. Nothing pickled but tensors."""
+        controllers, the algorithm's own RNG streams and counters. Nothing pickled but tensors. With several
+        processes rank 0's folder is the checkpoint; when the learners' state is sharded (ZeRO,
+        `cory.distributed.sharded()`) every process calls `save` (gathering is collective) and the others' folders
+        are thrown away."""
         ...
 
     def load(self, directory: Path) -> None:

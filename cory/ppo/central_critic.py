@@ -21,10 +21,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from cory import distributed, engines
 from cory.checkpoints import tensors_of
 from cory.policy import PolicyWithValueHead
 from cory.ppo import core as ppo_core
-from cory.ppo.learner import Agent, PPOConfig, optimizer_step
+from cory.ppo.learner import Agent, PPOConfig
 from cory.ppo.rollout import Rollout
 
 
@@ -131,8 +132,15 @@ class CentralCritic:
             autocast_dtype,
             forward_batch_size,
         )
-        params = self.trainable_parameters()
-        self.optimizer = torch.optim.Adam(params, lr=config.learning_rate)
+        # the agents' engine (`cory/engines.py`): Adam on every process, or sharded by ZeRO
+        self.engine = engines.new_engine(
+            self.policy,
+            self.trainable_parameters(),
+            config.learning_rate,
+            config.max_grad_norm,
+            config.mini_batch_size,
+            config.gradient_accumulation_steps,
+        )
         self.rng = np.random.RandomState(seed)
         self.policy.eval()
 
@@ -148,7 +156,7 @@ class CentralCritic:
         first = int(min(joint.pioneer_columns.min(), joint.observer_columns.min()))
         keep = ids.shape[1] - first  # the LM head runs on the response columns only; its logits are unused
         with self._autocast():
-            _, values = self.policy(ids, mask, position_ids, logits_to_keep=keep)
+            _, values = self.engine.forward_module(self.policy)(ids, mask, position_ids, logits_to_keep=keep)
         values = values.float()
         v1 = torch.gather(values, 1, (joint.pioneer_columns - first).to(self.device))
         v2 = torch.gather(values, 1, (joint.observer_columns - first).to(self.device))
@@ -200,7 +208,7 @@ class CentralCritic:
         # one loss over every response token of both agents: the two sequences are concatenated along time
         vp, o, g, mk = (torch.cat(x, dim=1) for x in zip(*parts))
         loss, _ = ppo_core.value_loss(vp, o, g, mk, self.config.cliprange_value)
-        (loss / self.config.gradient_accumulation_steps).backward()
+        self.engine.backward(loss)  # ÷ gradient_accumulation_steps inside
         with torch.no_grad():
             per_agent = []
             for vp, o, g, mk in parts:
@@ -209,7 +217,11 @@ class CentralCritic:
         return per_agent
 
     def _optimizer_step(self) -> bool:
-        return optimizer_step(self.optimizer, self.trainable_parameters(), self.config.max_grad_norm)  # the agents'
+        return self.engine.step()
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.engine.optimizer
 
     # ------------------------------------------------------------------------------------------ checkpointing
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
@@ -218,19 +230,22 @@ class CentralCritic:
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         tensors = {f"weight {n}": t for n, t in self.policy.state_dict().items()}
-        return tensors | tensors_of(self.optimizer.state_dict()["state"], "optimizer state")
+        return tensors | tensors_of(self.engine.state_dict()["state"], "optimizer state")
 
     def save(self, directory: Path) -> None:
         """Weights (safetensors: the adapter and value head, or the whole model), Adam (tensors), RNG (JSON)."""
         directory.mkdir(parents=True, exist_ok=True)
+        optimizer_state = self.engine.state_dict()  # under ZeRO, gathered by every process (collective)
+        if not distributed.is_main():
+            return
         self.policy.save_weights(directory)
-        torch.save(self.optimizer.state_dict(), directory / "optimizer.pt")
+        torch.save(optimizer_state, directory / "optimizer.pt")
         name, keys, pos, has_gauss, gauss = self.rng.get_state()
         state = {"rng": [name, keys.tolist(), int(pos), int(has_gauss), float(gauss)]}
         (directory / "critic.json").write_text(json.dumps(state))
 
     def load(self, directory: Path) -> None:
         self.policy.load_weights(directory)
-        self.optimizer.load_state_dict(torch.load(directory / "optimizer.pt", weights_only=True))
+        self.engine.load_state_dict(torch.load(directory / "optimizer.pt", weights_only=True))
         name, keys, pos, has_gauss, gauss = json.loads((directory / "critic.json").read_text())["rng"]
         self.rng.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))

@@ -19,7 +19,7 @@ import torch
 import yaml
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from cory import distributed, runtime
+from cory import distributed, engines
 from cory.checkpoints import tensors_of
 from cory.errors import ConfigError
 from cory.policy import PolicyWithValueHead
@@ -162,7 +162,7 @@ class Agent:
                 self.policy = PolicyWithValueHead(model).to(self.device)
         self.ref_model = ref_model
         self.add_special_tokens = add_special_tokens
-        self.optimizer = self._new_optimizer()
+        self.engine = self._new_engine()
         self.kl_ctl = ppo_core.KLController(
             config.init_kl_coef, config.adaptive_kl, config.kl_target, config.kl_horizon
         )
@@ -240,7 +240,7 @@ class Agent:
         r_ids, r_mask = pad(response_ids, self.tokenizer.pad_token_id, left=False)
         with self._autocast():
             out = score_forward(
-                self.policy,
+                self.engine.forward_module(self.policy),
                 self.ref_model,
                 p_ids.to(self.device),
                 p_mask.to(self.device),
@@ -352,7 +352,9 @@ class Agent:
         mask = mb.response_mask.float().to(self.device)
         args = (mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask)
         with self._autocast():
-            logits, vpreds = forward_logits(self.policy, *(a.to(self.device) for a in args), with_values=True)
+            logits, vpreds = forward_logits(
+                self.engine.forward_module(self.policy), *(a.to(self.device) for a in args), with_values=True
+            )
         logprobs = ppo_core.gather_logprobs(logits, mb.response_ids.to(self.device))
         old_logprobs = mb.logprobs.to(self.device)
         pg_loss, pg_clipfrac, mean_ratio = ppo_core.policy_loss(
@@ -366,9 +368,10 @@ class Agent:
         else:  # no value term: the value head gets no gradient (and is not among the trainable parameters)
             loss = pg_loss
         hit = mean_ratio.item() > cfg.ratio_threshold
-        if not (hit and cfg.ratio_threshold_skip):
-            # TRL multiplies the loss by 0 on a hit and still steps Adam, whose momentum moves the weights (§2.6)
-            ((loss * 0.0 if hit else loss) / cfg.gradient_accumulation_steps).backward()
+        if not (hit and cfg.ratio_threshold_skip and not self.engine.sharded):
+            # TRL multiplies the loss by 0 on a hit and still steps Adam, whose momentum moves the weights (§2.6);
+            # a sharded engine counts its micro-steps in `backward`, so it takes the zeroed loss even when skipping
+            self.engine.backward(loss * 0.0 if hit else loss)  # ÷ gradient_accumulation_steps inside
         with torch.no_grad():
             value_stats = (
                 {"value_loss": 0.0 if hit else vf_loss.item(), "value_clipfrac": vf_clipfrac.item()}
@@ -400,9 +403,10 @@ class Agent:
         return [len(x) for x in ids]
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
-        """Every weight and optimiser tensor, named: what a loaded checkpoint must hold finite."""
+        """Every weight and optimiser tensor, named: what a loaded checkpoint must hold finite. Collective under a
+        sharded engine (the Adam state is gathered)."""
         tensors = {f"weight {n}": t for n, t in self.policy.state_dict().items()}
-        return tensors | tensors_of(self.optimizer.state_dict()["state"], "optimizer state")
+        return tensors | tensors_of(self.engine.state_dict()["state"], "optimizer state")
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         """The parameters this agent's optimiser steps, selected by name: its LoRA adapter and value head, or the
@@ -410,24 +414,37 @@ class Agent:
         The trainer checks them for finiteness after every step."""
         return self.policy.trainable_parameters()
 
-    def _new_optimizer(self) -> torch.optim.Adam:
-        """Adam with torch defaults, no weight decay, constant learning rate (docs/method.md §2.1).
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The torch Adam that steps this agent's parameters (under ZeRO: this process's shard of them)."""
+        return self.engine.optimizer
 
-        The fused kernel (one pass over each tensor, no temporaries) where the device has one: the update of the
-        default implementation to within float32 rounding, about 4× faster on a CPU (docs/cost.md)."""
-        params = self.trainable_parameters()
-        return torch.optim.Adam(params, lr=self.config.learning_rate, fused=_fused_adam_supported(params))
+    def _new_engine(self) -> engines.AdamStep | engines.ZeroStep:
+        """Adam over the trainable parameters, on every process or sharded by ZeRO (`cory/engines.py`, the run's
+        hardware option): torch defaults, no weight decay, constant learning rate (docs/method.md §2.1)."""
+        cfg = self.config
+        return engines.new_engine(
+            self.policy,
+            self.trainable_parameters(),
+            cfg.learning_rate,
+            cfg.max_grad_norm,
+            cfg.mini_batch_size,
+            cfg.gradient_accumulation_steps,
+        )
 
     def _optimizer_step(self) -> bool:
-        return optimizer_step(self.optimizer, self.trainable_parameters(), self.config.max_grad_norm)
+        return self.engine.step()
 
     # ------------------------------------------------------------------------------------------ checkpointing
     def save(self, directory: Path) -> None:
         """What the policy owns (safetensors: adapter + value head, or all weights), optimiser (tensors only),
         KL controller, score moments and RNG (JSON)."""
         directory.mkdir(parents=True, exist_ok=True)
+        optimizer_state = self.engine.state_dict()  # under ZeRO, gathered by every process (collective)
+        if not distributed.is_main():  # the weights are whole on every process: rank 0 writes them
+            return
         self.policy.save_weights(directory)
-        torch.save(self.optimizer.state_dict(), directory / "optimizer.pt")
+        torch.save(optimizer_state, directory / "optimizer.pt")
         rng_name, keys, pos, has_gauss, gauss = self.rng.get_state()
         state = {
             "kl_coef": self.kl_ctl.value,
@@ -441,10 +458,7 @@ class Agent:
         """Inverse of `save`; the optimiser state is read with `weights_only=True` (no pickle execution)."""
         self.policy.load_weights(directory)
         self.weights_changed()
-        optimizer_state = torch.load(directory / "optimizer.pt", weights_only=True)
-        for group, saved in zip(self.optimizer.param_groups, optimizer_state["param_groups"]):
-            saved["fused"] = group["fused"]  # the kernel is this machine's choice (`_new_optimizer`), not the file's
-        self.optimizer.load_state_dict(optimizer_state)
+        self.engine.load_state_dict(torch.load(directory / "optimizer.pt", weights_only=True))
         state = json.loads((directory / AGENT_STATE).read_text())
         self.kl_ctl.value = state["kl_coef"]
         self.score_moments = ppo_core.RunningMoments(**state["score_moments"])
@@ -454,28 +468,7 @@ class Agent:
 
     def reset_training_state(self) -> None:
         """Fresh optimiser, KL controller and score moments: the official swap's side effects (§1.5)."""
-        self.optimizer = self._new_optimizer()
+        self.engine.reset(self.config.learning_rate)
         self.kl_ctl.value = self.config.init_kl_coef
         self.score_moments = ppo_core.RunningMoments()
         self.steps_since_load = 0  # the official swap reloads the models
-
-
-def optimizer_step(
-    optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter], max_grad_norm: float | None
-) -> bool:
-    """Average gradients across processes, clip, step; a non-finite gradient skips the step (False). The agents'
-    and the centralised critic's one path (`cory/ppo/central_critic.py`)."""
-    distributed.average_gradients(params)  # data parallel: accelerate's mean over processes (one process: no-op)
-    if not runtime.all_finite([p.grad for p in params if p.grad is not None]):
-        optimizer.zero_grad()
-        return False
-    if max_grad_norm is not None:
-        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-    optimizer.step()
-    optimizer.zero_grad()
-    return True
-
-
-def _fused_adam_supported(params: list[torch.nn.Parameter]) -> bool:
-    """Whether every parameter can take torch's fused Adam: floating point, on a CPU or a CUDA device."""
-    return all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)

@@ -5,6 +5,10 @@
 Each writes OUT/rank<r>.pt: every agent's trainable parameters, Adam's step count and β after `learn`.
 The agents are built as a run builds them (`experiment=smoke`; CORY: two LoRA adapters on one base, the reference
 that base with adapters disabled) and the engine is joined as a run joins it (`cory.distributed.setup`).
+`--zero`: full fine-tuning (CORY: two whole copies), and under `torchrun` the DeepSpeed ZeRO-2 engine
+(`hardware=deepspeed_zero2`, fp32 on the CPU); the emulating process keeps torch's Adam, so the two are compared.
+`--save DIR`: each process also takes part in saving the agents after `learn` (`Agent.save`, rank 0 writes
+DIR/<agent>); `--load DIR`: every agent first loads DIR/<agent> (saved by either engine).
 """
 
 from __future__ import annotations
@@ -43,14 +47,16 @@ def per_slice_advantages(agent: Agent, slices: int):
     return advantages
 
 
-def main(out: Path, algorithm: str, emulate: int) -> None:
+def main(out: Path, algorithm: str, emulate: int, zero: bool, save: Path | None, load: Path | None) -> None:
     world = int(emulate) or 1
     rows = B * world if emulate else B  # one process holds the whole batch; W processes a slice each
+    zero_hardware = ["hardware=deepspeed_zero2", "hardware.device=cpu", "hardware.precision=fp32"]
     cfg = compose_cfg(
         [
             "experiment=smoke",
             f"algorithm={algorithm}",
-            f"model.lora.enabled={algorithm == 'cory'}",
+            f"model.lora.enabled={algorithm == 'cory' and not zero}",
+            *(zero_hardware if zero and not emulate else []),
             f"algorithm.agent.mini_batch_size={rows}",  # one minibatch per epoch: the whole (local) batch
             "algorithm.agent.ppo_epochs=2",
             "algorithm.agent.max_grad_norm=1.0",  # clipping must see the averaged gradient
@@ -62,6 +68,8 @@ def main(out: Path, algorithm: str, emulate: int) -> None:
     names = ["llm1", "llm2"] if algorithm == "cory" else ["llm1"]
     agents = [agent_from(cfg, backbone, reference, name, seed=i) for i, name in enumerate(names)]
     result = {}
+    for agent in agents if load is not None else []:
+        agent.load(load / agent.name)
     for i, agent in enumerate(agents):
         prompts, responses, scores = fixed_rollout_tokens(B * (int(emulate) or distributed.world_size()), seed=10 + i)
         lo = 0 if emulate else distributed.rank() * B
@@ -77,6 +85,8 @@ def main(out: Path, algorithm: str, emulate: int) -> None:
             "adam_steps": float(steps[0]),
             "policy_loss": stats["policy_loss"],
         }
+        if save is not None:
+            agent.save(save / agent.name)  # collective under ZeRO: every process gathers the Adam state
     out.mkdir(parents=True, exist_ok=True)
     torch.save(result | {"world_size": distributed.world_size()}, out / f"rank{distributed.rank()}.pt")
     distributed.close()
@@ -84,4 +94,5 @@ def main(out: Path, algorithm: str, emulate: int) -> None:
 
 if __name__ == "__main__":
     emulate = int(sys.argv[sys.argv.index("--emulate") + 1]) if "--emulate" in sys.argv else 0
-    main(Path(sys.argv[1]), sys.argv[2], emulate)
+    save, load = (Path(sys.argv[sys.argv.index(f) + 1]) if f in sys.argv else None for f in ("--save", "--load"))
+    main(Path(sys.argv[1]), sys.argv[2], emulate, "--zero" in sys.argv, save, load)
