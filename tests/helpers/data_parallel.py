@@ -84,6 +84,13 @@ def main(out: Path, algorithm: str, emulate: int, zero: bool, save: Path | None,
             "kl_coef": agent.kl_ctl.value,
             "adam_steps": float(steps[0]),
             "policy_loss": stats["policy_loss"],
+            # Adam's moments held by this process (under ZeRO its shard of them)
+            "adam_bytes": sum(
+                t.numel() * t.element_size()
+                for state in agent.optimizer.state.values()
+                for t in state.values()
+                if torch.is_tensor(t) and t.dim() > 0
+            ),
         }
         if save is not None:
             agent.save(save / agent.name)  # collective under ZeRO: every process gathers the Adam state
