@@ -132,22 +132,39 @@ def _adam_state(path: Path) -> torch.Tensor:
 
 def test_zero2_on_one_process_trains_as_torch_adam(tmp_path: Path) -> None:
     """Without a launcher, ZeRO-2 joins a process group of one; the run's metrics are those of torch's Adam (fused
-    kernel vs DeepSpeed's flat shard: float32 rounding only) and its checkpoint is in torch's format."""
+    kernel vs DeepSpeed's flat shard: float32 rounding only), with the official swap's fresh Adam at every role
+    exchange (`engine.reset`), and its checkpoint is in torch's format."""
     base = [sys.executable, "-m", "cory.train", "experiment=smoke", "algorithm=cory", "model.lora.enabled=false"]
-    base += ["iterations=2", "progress=false", "save_every=2"]
+    base += ["iterations=3", "progress=false", "save_every=3"]
+    base += ["algorithm.swap_period=2", "algorithm.faithful_official_swap=true"]  # a fresh Adam after iteration 2
     zero = ["hardware=deepspeed_zero2", "hardware.device=cpu", "hardware.precision=fp32"]
     _run([*base, *zero, f"hydra.run.dir={tmp_path / 'zero'}"])
     _run([*base, f"hydra.run.dir={tmp_path / 'adam'}"])
     rows = [
         [json.loads(r) for r in (tmp_path / d / "metrics.jsonl").read_text().splitlines()] for d in ("zero", "adam")
     ]
-    assert len(rows[0]) == len(rows[1]) == 4
+    assert len(rows[0]) == len(rows[1]) == 6  # evaluations after 0, 2 and 3 iterations, 3 training rows
+    assert [r["cory/swaps"] for r in rows[0] if "cory/swaps" in r] == [0.0, 0.0, 1.0]  # logged after the step
     for got, want in zip(*rows):
         for key, value in want.items():
             if isinstance(value, float) and not key.startswith("time/") and "memory" not in key:
                 assert got[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
-    state = torch.load(tmp_path / "zero" / "checkpoints" / "iter_000002" / "algorithm" / "llm1" / "optimizer.pt")
-    assert sorted(state["state"][0]) == ["exp_avg", "exp_avg_sq", "step"] and float(state["state"][0]["step"]) > 0
+    zero, adam = (
+        torch.load(tmp_path / run / "checkpoints" / "iter_000003" / "algorithm" / "llm1" / "optimizer.pt")
+        for run in ("zero", "adam")
+    )
+    assert sorted(zero["state"][0]) == ["exp_avg", "exp_avg_sq", "step"]
+    steps = [float(s["state"][0]["step"]) for s in (zero, adam)]
+    agent = compose_cfg(["experiment=smoke", "algorithm=cory"])
+    learner = agent.algorithm.agent  # one Adam step per mini_batch_size × gradient_accumulation_steps rows
+    per_iteration = (
+        learner.ppo_epochs * agent.batch_size // (learner.mini_batch_size * learner.gradient_accumulation_steps)
+    )
+    assert steps == [per_iteration, per_iteration]  # one iteration since the reset, as torch's fresh Adam counts
+    for i in adam["state"]:
+        torch.testing.assert_close(
+            zero["state"][i]["exp_avg_sq"], adam["state"][i]["exp_avg_sq"], rtol=1e-3, atol=1e-9
+        )
 
 
 def test_zero_with_lora_adapters_is_refused_in_one_line() -> None:
