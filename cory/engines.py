@@ -19,9 +19,7 @@ differs (a non-finite gradient is stepped on, not skipped) docs/implementation-n
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -88,19 +86,9 @@ class AdamStep:
         self.learning_rate = learning_rate
         self.optimizer = adam(self.params, learning_rate)
 
-    def adam_steps(self) -> float:
-        """Adam's step count (0 before the first step)."""
-        steps = [float(s["step"]) for s in self.optimizer.state.values() if "step" in s]
-        return steps[0] if steps else 0.0
-
     def forward_module(self, module: torch.nn.Module) -> torch.nn.Module:
         """What runs the forward passes of `module`: the module itself."""
         return module
-
-    @contextlib.contextmanager
-    def full_weights(self) -> Iterator[None]:
-        """The whole weights readable on this process inside the block (always true here)."""
-        yield
 
 
 def optimizer_step(
@@ -171,16 +159,12 @@ class ZeroStep:
         norm = self.engine.get_global_grad_norm()
         return norm is None or math.isfinite(float(norm))
 
-    def adam_steps(self) -> float:
-        steps = [float(s["step"]) for s in self.optimizer.state.values() if "step" in s]
-        return steps[0] if steps else 0.0
-
     def state_dict(self) -> dict[str, Any]:
         """Adam's state gathered into torch's `state_dict` format (parameter i = `params[i]`). Collective: every
         process calls it; each gets the whole state."""
         from deepspeed.utils import safe_get_full_optimizer_state
 
-        step = self.adam_steps()
+        step = next((float(s["step"]) for s in self.optimizer.state.values() if "step" in s), 0.0)
         state: dict[int, dict[str, torch.Tensor]] = {}
         if step > 0:  # before the first step Adam has no state, as torch's
             for i, p in enumerate(self.params):
@@ -226,7 +210,3 @@ class ZeroStep:
     def forward_module(self, module: torch.nn.Module) -> torch.nn.Module:
         """What runs the forward passes of the wrapped module: DeepSpeed's engine."""
         return self.engine
-
-    @contextlib.contextmanager
-    def full_weights(self) -> Iterator[None]:
-        yield  # ZeRO-2 keeps the whole weights on every process
