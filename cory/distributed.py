@@ -4,9 +4,10 @@ written here.
 A launcher (`accelerate launch`, `torchrun`, `srun` + `accelerate launch`) starts one process per device and sets
 RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT. `setup` hands them to accelerate's `PartialState`,
 which joins the process group (NCCL on GPUs, gloo on CPUs) and picks this process's device. Every process holds
-full copies of the agents and takes its own slice of each iteration's prompts; before each optimiser step an
-agent replaces its gradients by their mean over processes (`average_gradients`: accelerate's `reduce`), so every
-process takes the same step and the weights stay identical. Rank 0 alone logs and checkpoints.
+full copies of the agents (under ZeRO-3 a shard of each weight: `cory/engines.py`) and takes its own slice of each
+iteration's prompts; before each optimiser step an agent replaces its gradients by their mean over processes
+(`average_gradients`: accelerate's `reduce`; DeepSpeed's own reduction under ZeRO), so every process takes the same
+step and the weights stay identical. Rank 0 alone logs and writes checkpoints.
 As in TRL 0.11's PPOTrainer, `batch_size` is per process, the logged statistics are means over processes
 (`mean_metrics`), and the adaptive KL controller is fed the mean KL over processes with `batch_size × world_size`
 samples (`mean`). Why gradients are reduced rather than the models wrapped in DDP: docs/implementation-notes.md.
@@ -38,20 +39,13 @@ def setup(hardware: Mapping[str, Any], device: torch.device) -> torch.device:
     """Join the launcher's process group through accelerate; returns this process's device.
 
     One process keeps `device` as configured (so `hardware.device=cuda:1` is honoured); several take accelerate's
-    (`cuda:<LOCAL_RANK>` or the CPU). `hardware.engine=deepspeed` also reads and checks the DeepSpeed config, which
-    the learners' engines then use (`cory/engines.py`); DeepSpeed joins the same process group."""
+    (`cuda:<LOCAL_RANK>` or the CPU). `hardware.engine=deepspeed` also reads and checks the DeepSpeed config (ZeRO-2 or
+    ZeRO-3), which the learners' engines then use (`cory/engines.py`); DeepSpeed joins the same process group."""
     global _STATE, _DEEPSPEED
     engine = hardware.get("engine", "accelerate")
     if engine not in ENGINES:
         raise ConfigError(f"hardware.engine={engine!r}: allowed {', '.join(ENGINES)}")
     _DEEPSPEED = deepspeed_config(hardware) if engine == "deepspeed" else None
-    stage = _DEEPSPEED["zero_optimization"]["stage"] if _DEEPSPEED else None
-    if stage == 3:
-        _DEEPSPEED = None
-        raise ConfigError(
-            "hardware.engine=deepspeed (ZeRO-3): configs compose and validate, but only ZeRO-2 is implemented "
-            "(ZeRO-3 needs generation with gathered weights and a sharded reference); use hardware=deepspeed_zero2"
-        )
     _STATE = PartialState(cpu=device.type == "cpu")
     if _DEEPSPEED is not None and not torch.distributed.is_initialized():
         _join_alone(device)
@@ -117,6 +111,12 @@ def sharded() -> bool:
     """Whether the learners' state is sharded over the processes (ZeRO): then saving a checkpoint is collective,
     every process calls the algorithm's `save` and rank 0 alone keeps what it wrote."""
     return _DEEPSPEED is not None
+
+
+def sharded_weights() -> bool:
+    """Whether the weights themselves are sharded (ZeRO-3): then every forward pass is collective, so every process
+    takes part in the evaluation too, and a weight's finiteness is checked on every process's shard of it."""
+    return _DEEPSPEED is not None and _DEEPSPEED["zero_optimization"]["stage"] == 3
 
 
 def world_size() -> int:
@@ -188,6 +188,12 @@ def close() -> None:
         _STATE.destroy_process_group()
     if _DEEPSPEED is not None and torch.distributed.is_initialized():  # the group of one `_join_alone` joined
         torch.distributed.destroy_process_group()
+    if (
+        _DEEPSPEED is not None
+    ):  # DeepSpeed keeps a clone of the world group; a later run in this process needs a new one
+        from deepspeed.utils import groups
+
+        groups._WORLD_GROUP = None
     while _SET_ENV:
         os.environ.pop(_SET_ENV.pop(), None)
     _STATE, _DEEPSPEED = None, None

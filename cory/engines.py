@@ -2,16 +2,22 @@
 
 An agent (and the centralised critic) never touch an optimiser directly: they call `backward(loss)` on every
 minibatch, `step()` once per backward batch, and read or write the Adam state in torch's own `state_dict` format.
-Which engine a run uses is the `hardware` option's (`cory.distributed.setup`):
+Whatever reads or writes whole weights (a checkpoint, generation) does it inside `whole()` / `generating()`, which
+are no-ops unless the weights themselves are sharded. Which engine a run uses is the `hardware` option's
+(`cory.distributed.setup`):
 
 - `AdamStep` (hardware=cpu|gpu|multi_gpu): a torch Adam over the parameters. With several processes every process
   holds the whole Adam state, and before each step the gradients are replaced by their mean over processes
   (accelerate's `reduce`), so every process takes the same step.
-- `ZeroStep` (hardware=deepspeed_zero2): `deepspeed.initialize` wraps the policy with the same torch Adam as the
-  client optimiser. ZeRO-2 keeps the weights whole on every process and shards the fp32 master copy, the Adam
-  moments and the reduced gradients over the processes; DeepSpeed averages the gradients, clips by the global norm
-  and steps at the accumulation boundary. Its checkpoint is gathered into torch's format (`state_dict`), so a run
+- `ZeroStep` (hardware=deepspeed_zero2|deepspeed_zero3): `deepspeed.initialize` wraps the policy with the same torch
+  Adam as the client optimiser. ZeRO-2 keeps the weights whole on every process and shards the fp32 master copy,
+  the Adam moments and the reduced gradients over the processes; ZeRO-3 shards the weights too, and gathers each
+  layer's just before its forward and backward. DeepSpeed averages the gradients, clips by the global norm and
+  steps at the accumulation boundary. Its checkpoint is gathered into torch's format (`state_dict`), so a run
   saved under ZeRO resumes on one process and vice versa, and nothing pickled but tensors is read back.
+  Under ZeRO-3 generation runs on gathered weights with DeepSpeed's per-layer hooks lifted (`generating`), as TRL
+  0.11's PPOTrainer generates under ZeRO-3: one gather per rollout instead of one per layer per token, and the
+  processes need not generate in lockstep. The frozen reference is a ZeRO-3 engine without optimiser (`frozen`).
 
 The numbers are those of `AdamStep` on the whole batch (tests/test_distributed.py measures it); where DeepSpeed
 differs (a non-finite gradient is stepped on, not skipped) docs/implementation-notes.md lists it.
@@ -19,7 +25,9 @@ differs (a non-finite gradient is stepped on, not skipped) docs/implementation-n
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -42,6 +50,32 @@ def new_engine(
     if config is None:
         return AdamStep(params, learning_rate, max_grad_norm, accumulation)
     return ZeroStep(module, params, learning_rate, max_grad_norm, micro_batch, accumulation, config)
+
+
+def frozen(module: torch.nn.Module) -> torch.nn.Module:
+    """What runs the forward passes of a frozen model (the reference π0): the module itself, or under ZeRO-3 a
+    DeepSpeed engine without optimiser that shards its weights like the policies' (TRL 0.11 prepares its reference
+    so under ZeRO-3; under ZeRO-2 every process keeps a whole copy, as TRL's stage-0 reference). Collective."""
+    config = distributed.deepspeed()
+    if config is None or config["zero_optimization"]["stage"] != 3:
+        return module
+    import deepspeed
+
+    module.requires_grad_(False)
+    engine, *_ = deepspeed.initialize(model=module, config=_engine_config(config, 1, 1))
+    engine.eval()  # DeepSpeed's `eval` returns nothing
+    return engine
+
+
+def held(tensor: torch.Tensor) -> torch.Tensor:
+    """A parameter's value to keep after a `whole()` context: a CPU copy of a gathered ZeRO-3 weight (its storage
+    is released on exit), else the tensor itself, detached (no copy)."""
+    return tensor.detach().to("cpu", copy=True) if hasattr(tensor, "ds_tensor") else tensor.detach()
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """This process's part of a parameter: its ZeRO-3 partition, else the whole tensor (finite checks read it)."""
+    return tensor.ds_tensor if hasattr(tensor, "ds_tensor") else tensor
 
 
 def adam(params: list[torch.nn.Parameter], learning_rate: float) -> torch.optim.Adam:
@@ -90,6 +124,13 @@ class AdamStep:
         """What runs the forward passes of `module`: the module itself."""
         return module
 
+    def whole(self, modify: bool = False) -> contextlib.AbstractContextManager:
+        """The weights are whole already: nothing to gather."""
+        return contextlib.nullcontext()
+
+    def generating(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
 
 def optimizer_step(
     optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter], max_grad_norm: float | None
@@ -107,11 +148,16 @@ def optimizer_step(
 
 
 class ZeroStep:
-    """DeepSpeed ZeRO-2 around one policy: the same torch Adam, its state sharded over the processes.
+    """DeepSpeed ZeRO-2 or ZeRO-3 around one policy: the same torch Adam, its state (ZeRO-3: and the weights)
+    sharded over the processes.
 
     DeepSpeed's own loop is followed: `engine.backward` divides by the accumulation steps and reduces the
     gradients at the accumulation boundary; `engine.step` is called after every backward and steps (clipping by
-    `gradient_clipping` = `max_grad_norm` first) only at the boundary. So `step()` here only reports."""
+    `gradient_clipping` = `max_grad_norm` first) only at the boundary. So `step()` here only reports.
+
+    `deepspeed.initialize` runs at the engine's first use, not when it is built: an algorithm builds all its models
+    first (a second full-fine-tuning agent or a critic is a copy of the loaded model, which ZeRO-3 would already
+    have sharded), and every process reaches the first use at the same point, as the collective start needs."""
 
     sharded = True  # the Adam state lives in pieces: every process takes part in a checkpoint (`state_dict`)
 
@@ -125,30 +171,38 @@ class ZeroStep:
         accumulation: int,
         config: dict[str, Any],
     ) -> None:
-        if len(params) != sum(1 for _ in module.parameters()):
+        if getattr(module, "adapter", None) is not None:  # a LoRA agent's handle (`cory.policy.PolicyWithValueHead`)
             raise ConfigError(
                 "hardware.engine=deepspeed trains whole models (model.lora.enabled=false): LoRA adapters share one "
                 "base and their Adam states are small; use hardware=multi_gpu with LoRA"
             )
-        import deepspeed  # only runs that ask for ZeRO import it (seconds, and a compiled op on first use)
-
-        self.params, self.learning_rate = params, learning_rate
-        ds_config = config | {
-            "train_micro_batch_size_per_gpu": micro_batch,
-            "gradient_accumulation_steps": accumulation,
+        stepped = {id(p) for p in params}
+        for p in module.parameters():  # what this engine never steps (the value head of a learner without value
+            if id(p) not in stepped:  # loss) is frozen, so that DeepSpeed neither reduces nor shards a gradient for it
+                p.requires_grad_(False)
+        self.module, self.params, self.learning_rate = module, params, learning_rate
+        self.stage = config["zero_optimization"]["stage"]
+        self.config = _engine_config(config, micro_batch, accumulation) | {
             "gradient_clipping": 0.0 if max_grad_norm is None else float(max_grad_norm),
             "zero_allow_untested_optimizer": True,  # the client optimiser is torch's Adam, as on one process
-            "steps_per_print": 2**62,  # DeepSpeed's own progress lines would interleave with ours
         }
-        ds_config.pop("train_batch_size", None)  # micro × accumulation × processes: DeepSpeed derives it
-        self.engine, self.zero, _, _ = deepspeed.initialize(
-            model=module, optimizer=adam(params, learning_rate), config=ds_config
-        )
+        self._engine = None
+
+    @property
+    def engine(self):
+        """DeepSpeed's engine, started at the first use (collective)."""
+        if self._engine is None:
+            import deepspeed  # only runs that ask for ZeRO import it (seconds, and a compiled op on first use)
+
+            self._engine, self.zero, _, _ = deepspeed.initialize(
+                model=self.module, optimizer=adam(self.params, self.learning_rate), config=self.config
+            )
+        return self._engine
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
         """The torch Adam inside DeepSpeed: it steps this process's flat shard of the parameters."""
-        return self.zero.optimizer
+        return self.engine.optimizer.optimizer
 
     def backward(self, loss: torch.Tensor) -> None:
         self.engine.backward(loss)  # ÷ accumulation steps; reduced over processes at the boundary
@@ -158,6 +212,37 @@ class ZeroStep:
         """Whether the step just taken had a finite gradient norm (DeepSpeed steps on either way)."""
         norm = self.engine.get_global_grad_norm()
         return norm is None or math.isfinite(float(norm))
+
+    def whole(self, modify: bool = False) -> contextlib.AbstractContextManager:
+        """Under ZeRO-3, every weight of the module gathered on every process for the duration (collective);
+        `modify`: what rank 0 writes into them is kept (sharded again on exit). A no-op for ZeRO-2, whose weights
+        are whole, and before the engine started (the module is still the plain one)."""
+        if self.stage != 3 or self._engine is None:
+            return contextlib.nullcontext()
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(list(self.module.parameters()), modifier_rank=0 if modify else None)
+
+    @contextlib.contextmanager
+    def generating(self) -> Iterator[None]:
+        """Under ZeRO-3, generation on gathered weights with DeepSpeed's per-layer hooks lifted (otherwise every
+        layer of every token would gather its weights again, and the processes would have to generate in
+        lockstep); the hooks are registered again afterwards. TRL 0.11's `unwrap_model_for_generation` does the
+        same. A no-op otherwise."""
+        if self.stage != 3 or self._engine is None:
+            yield
+            return
+        hooks = self.engine.optimizer.parameter_offload  # DeepSpeed's ZeRO-3 parameter coordinator of this module
+        with self.whole():
+            for p in self.module.parameters():
+                p.ds_active_sub_modules.clear()
+            for hook in hooks.forward_hooks + hooks.backward_hooks:
+                hook.remove()
+            hooks.forward_hooks, hooks.backward_hooks = [], []
+            try:
+                yield
+            finally:
+                hooks._register_deepspeed_module(self.module)
 
     def state_dict(self) -> dict[str, Any]:
         """Adam's state gathered into torch's `state_dict` format (parameter i = `params[i]`). Collective: every
@@ -181,32 +266,71 @@ class ZeroStep:
         them, then the moments and the step count."""
         from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
 
-        for p in self.params:
-            safe_set_full_fp32_param(p, p.detach().float())
+        self.engine  # noqa: B018 -- started, so that the weights loaded into the module are sharded first
+        set_full = self._set_piece if self.stage == 3 else safe_set_full_optimizer_state
+        with self.whole():
+            for p in self.params:
+                if self.stage == 3:
+                    self._set_piece(p, p.detach().float(), None)
+                else:
+                    safe_set_full_fp32_param(p, p.detach().float())
         self.reset(self.learning_rate)
         saved = state["state"]
         if not saved:
             return
-        for flat in (p for group in self.optimizer.param_groups for p in group["params"]):
+        # Adam's state is keyed by DeepSpeed's flat fp32 shards (ZeRO-3 puts them into the param groups only to step)
+        flats = (
+            self.engine.optimizer.fp32_partitioned_groups_flat
+            if self.stage == 3
+            else [p for group in self.optimizer.param_groups for p in group["params"]]
+        )
+        for flat in flats:
             self.optimizer.state[flat] = {
                 "step": torch.tensor(float(saved[0]["step"])),
                 "exp_avg": torch.zeros_like(flat),
                 "exp_avg_sq": torch.zeros_like(flat),
             }
-        self.zero._lazy_init_hp_params_optimizer_state()  # link each parameter to its piece of the new state
+        if self.stage == 2:  # ZeRO-2 links each parameter to its piece of the state; ZeRO-3 looks it up each time
+            self.zero._lazy_init_hp_params_optimizer_state()
         for i, p in enumerate(self.params):
             for key in ("exp_avg", "exp_avg_sq"):
-                safe_set_full_optimizer_state(p, saved[i][key].to(p.device), key)
+                set_full(p, saved[i][key].to(p.device), key)
+
+    def _set_piece(self, param: torch.nn.Parameter, value: torch.Tensor, key: str | None) -> None:
+        """ZeRO-3: this process's piece of `value` (the whole tensor) into the fp32 master copy of `param` (`key`
+        None) or into its Adam state `key`. DeepSpeed's own `safe_set_full_*` cannot set a parameter whose size is
+        not a multiple of the process count (the last process's piece is padded): the value is padded here."""
+        zero = self.engine.optimizer
+        piece, _ = zero._get_fp32_opt_state_partition(param, release_swap_buffers=False, optim_state_key=key)
+        n = piece.numel()
+        padded = torch.zeros(n * zero._get_param_partition_world_size(param), dtype=piece.dtype, device=piece.device)
+        padded[: value.numel()] = value.flatten()
+        piece.data.copy_(padded.narrow(0, n * zero._get_param_partition_rank(param), n))
 
     def reset(self, learning_rate: float) -> None:
         """A fresh Adam (no moments, step 0) at `learning_rate`: the inner optimiser's state emptied, as torch starts
         one."""
         self.learning_rate = learning_rate
+        if self._engine is None:  # not started: its Adam will be created fresh, at this rate
+            return
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate
         self.optimizer.state.clear()
-        self.zero._hp_optimizer_states_linked = False  # DeepSpeed re-links the new state at the next step
+        if self.stage == 2:
+            self.zero._hp_optimizer_states_linked = False  # DeepSpeed re-links the new state at the next step
 
     def forward_module(self, module: torch.nn.Module) -> torch.nn.Module:
         """What runs the forward passes of the wrapped module: DeepSpeed's engine."""
         return self.engine
+
+
+def _engine_config(config: dict[str, Any], micro_batch: int, accumulation: int) -> dict[str, Any]:
+    """The run's DeepSpeed config with the batch of one engine: DeepSpeed derives its total batch (micro ×
+    accumulation × processes) and must not print its own progress lines between ours."""
+    out = config | {
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": accumulation,
+        "steps_per_print": 2**62,
+    }
+    out.pop("train_batch_size", None)
+    return out

@@ -32,6 +32,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from cory.engines import frozen
 from cory.models import make_reference
 
 # Keys of `cory/conf/model/*.yaml` that describe how agents attach to the loaded model; every other key goes to the
@@ -297,9 +298,9 @@ class Backbone:
 
     def reference(self) -> nn.Module:
         """π0, shared by every agent: a frozen copy of the initial weights (full fine-tuning; build it before any
-        training) or the adapter-free base (LoRA)."""
-        if self._reference is None:
-            self._reference = make_reference(self.base) if self.lora is None else AdapterFreeReference(self)
+        training; collective under ZeRO-3) or the adapter-free base (LoRA)."""
+        if self._reference is None:  # ZeRO-3 shards the frozen copy as it shards the agents (`engines.frozen`)
+            self._reference = frozen(make_reference(self.base)) if self.lora is None else AdapterFreeReference(self)
         return self._reference
 
     def _weights_for(self, name: str) -> nn.Module:

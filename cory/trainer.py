@@ -35,7 +35,7 @@ import psutil
 import torch
 from tqdm.auto import tqdm
 
-from cory import distributed, preemption, runtime
+from cory import distributed, engines, preemption, runtime
 from cory.algorithms.base import Algorithm
 from cory.checkpoints import (
     ALGORITHM_DIR,
@@ -161,8 +161,9 @@ class Trainer:
                 self._snapshot = None
         summary = self._summary(time.perf_counter() - self._start_time)
         if distributed.world_size() > 1:  # every process must hold the same weights after data-parallel updates
-            in_sync = distributed.weights_in_sync([t for _, t in self.algorithm.parameters()])
-            summary |= {"world_size": distributed.world_size(), "weights_in_sync": in_sync}
+            summary["world_size"] = distributed.world_size()
+            if not distributed.sharded_weights():  # ZeRO-3: each process holds its own shard, by design
+                summary["weights_in_sync"] = distributed.weights_in_sync([t for _, t in self.algorithm.parameters()])
         if distributed.is_main():
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
@@ -246,8 +247,8 @@ class Trainer:
     def evaluate(self, final: bool = False) -> dict[str, float] | None:
         """The algorithm's held-out evaluation after `iteration` iterations, its tables written once it is
         complete; None when a signal arrived meanwhile (the evaluation stays owed)."""
-        if not distributed.is_main():  # rank 0 evaluates and logs; the others go on to the next iteration
-            return {}
+        if not (distributed.is_main() or distributed.sharded_weights()):  # rank 0 evaluates and logs; the others
+            return {}  # go on to the next iteration, except under ZeRO-3, where every forward pass is collective
         with (
             self._nonfinite_guard(f"the evaluation at iteration {self.iteration}"),
             _restore_rng_if_abandoned() as abandoned,
@@ -257,6 +258,8 @@ class Trainer:
                 raise preemption.Abandoned
         if abandoned.happened:
             return None
+        if not distributed.is_main():  # it took part; rank 0 logs
+            return {}
         self._eval_headline = out.headline
         for name, rows in out.tables:
             self.logger.log_table(name, rows, self.iteration)
@@ -358,10 +361,12 @@ class Trainer:
         """After a step every trainable tensor must be finite; a NaN weight cannot be undone, so the run stops
         here, before a checkpoint could hold it."""
         named = list(self.algorithm.parameters())
-        if not runtime.all_finite([t for _, t in named]):
-            bad = next(name for name, t in named if not runtime.all_finite([t]))
+        bad = [name for name, t in named if not runtime.all_finite([engines.local(t)])]  # ZeRO-3: this shard
+        if distributed.sharded_weights():  # every process stops together, whichever shard went bad
+            bad = [name for names in distributed.every(bad) for name in names]
+        if bad:
             raise NonFiniteError(
-                f"iteration {k} left non-finite weights ({bad}); stopping without saving them. "
+                f"iteration {k} left non-finite weights ({bad[0]}); stopping without saving them. "
                 f"{self._last_good()} Start a new run with a lower learning rate."
             )
 

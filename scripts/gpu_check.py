@@ -1,7 +1,7 @@
 """The one GPU check a person runs once on a CUDA machine (`make gpu-check`, about 2–3 minutes on one GPU).
 
     pip install -r requirements.txt -r requirements-gpu.txt   # bitsandbytes, vLLM (and a CUDA torch)
-    python scripts/gpu_check.py [--out DIR] [--skip vllm,ddp,zero2] [--ratio "OVERRIDES"] [4-bit runs' overrides]
+    python scripts/gpu_check.py [--out DIR] [--skip vllm,ddp,zero2,zero3] [--ratio "OVERRIDES"] [4-bit runs' overrides]
 
 Checks, each reported as one row of a table (and all of it as JSON in `DIR/gpu_check.json`; `DIR` defaults to
 `$OUT`, else `outputs/gpu_check/<time>`):
@@ -15,8 +15,9 @@ Checks, each reported as one row of a table (and all of it as JSON in `DIR/gpu_c
 3. `vllm_vs_hf`: the vLLM rollout backend against Hugging Face `generate`, same prompts, greedy, fp32 in both, on
    SmolLM2-135M (the tiny Llama when its files are not available): how many responses have identical text.
 4. `ddp`: with more than one visible GPU, a smoke run launched data-parallel on all of them (`accelerate launch`).
-   `zero2`: a CORY smoke run (two fully fine-tuned agents) under DeepSpeed ZeRO-2 with bf16 on every visible GPU
-   (`torchrun`; one GPU is a group of one): iterations done, s/iteration, every logged number finite.
+   `zero2`, `zero3`: a CORY smoke run (two fully fine-tuned agents) under DeepSpeed ZeRO-2 / ZeRO-3 with bf16 on
+   every visible GPU (`torchrun`; one GPU is a group of one): iterations done, s/iteration, peak GPU memory of
+   rank 0, every logged number finite.
 5. `cory_ppo_ratio`: `scripts/benchmark.py` at the paper's batch of 256 (SmolLM2-135M on IMDB, 16 new tokens, one
    minibatch of 256): CORY's s/iteration over PPO's, and both peaks of GPU memory. `--ratio "..."` replaces those
    overrides (another model or task at the same batch). Without vLLM installed its row says so and is skipped.
@@ -197,11 +198,11 @@ def ddp(out: Path, gpus: int) -> dict:
     return {"processes": gpus, "iterations": len(steps), "s_per_iter": sum(r["time/iteration_s"] for r in steps) / 2}
 
 
-def zero2(out: Path, gpus: int) -> dict:
-    """CORY's smoke run under DeepSpeed ZeRO-2 (bf16) on every visible GPU."""
-    run_dir = out / "zero2"
+def zero(out: Path, gpus: int, stage: int) -> dict:
+    """CORY's smoke run under DeepSpeed ZeRO-`stage` (bf16) on every visible GPU."""
+    run_dir = out / f"zero{stage}"
     args = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(gpus), "-m", "cory.train"]
-    overrides = ["experiment=smoke", "algorithm=cory", "model.lora.enabled=false", "hardware=deepspeed_zero2"]
+    overrides = ["experiment=smoke", "algorithm=cory", "model.lora.enabled=false", f"hardware=deepspeed_zero{stage}"]
     _python([*args, *overrides, *RUN, f"hydra.run.dir={run_dir}"])
     rows = _rows(run_dir)
     steps = [r for r in rows if "time/iteration_s" in r]
@@ -209,6 +210,7 @@ def zero2(out: Path, gpus: int) -> dict:
         "processes": gpus,
         "iterations": len(steps),
         "s_per_iter": sum(r["time/iteration_s"] for r in steps) / max(len(steps), 1),
+        "peak_mb": max((r["memory/peak_mb"] for r in steps), default=0.0),
         "all_finite": all(math.isfinite(v) for r in rows for v in r.values() if isinstance(v, float)),
     }
 
@@ -244,10 +246,11 @@ def summary(name: str, result: dict) -> str:
         return f"{result['identical']}/{result['prompts']} identical greedy texts ({result['model']})"
     if name == "ddp":
         return f"{result['processes']} processes, {result['iterations']} iterations, {result['s_per_iter']:.2f} s/it"
-    if name == "zero2":
+    if name in ("zero2", "zero3"):
         finite = "finite" if result["all_finite"] else "NON-FINITE"
         speed = f"{result['iterations']} iterations, {result['s_per_iter']:.2f} s/it"
-        return f"{result['processes']} processes, {speed}, {finite}"
+        memory = f", {result['peak_mb']:.0f} MiB peak" if "peak_mb" in result else ""  # older runs did not say
+        return f"{result['processes']} processes, {speed}{memory}, {finite}"
     if name == "cory_ppo_ratio":
         seconds = f"{result['cory_s_per_iter']:.2f} / {result['ppo_s_per_iter']:.2f} s"
         memory = f"peak {result['cory_peak_mb']:.0f} / {result['ppo_peak_mb']:.0f} MiB"
@@ -281,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="folder of the JSON and the runs (default $OUT)")
     parser.add_argument(
-        "--skip", default="", help="comma-separated checks to leave out: lora,bf16,vllm,ddp,zero2,ratio"
+        "--skip", default="", help="comma-separated checks to leave out: lora,bf16,vllm,ddp,zero2,zero3,ratio"
     )
     parser.add_argument(
         "--ratio",
@@ -313,8 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     if "ddp" not in skip:
         one = {"status": "skipped", "reason": "one GPU visible"}
         results["ddp"] = run_check(lambda: ddp(out, gpus)) if gpus > 1 else one
-    if "zero2" not in skip:
-        results["zero2"] = run_check(lambda: zero2(out, gpus))
+    for stage in (2, 3):
+        if f"zero{stage}" not in skip:
+            results[f"zero{stage}"] = run_check(lambda stage=stage: zero(out, gpus, stage))
     if "ratio" not in skip:
         ratio = shlex.split(args.ratio) if args.ratio is not None else RATIO
         results["cory_ppo_ratio"] = run_check(lambda: cory_ppo_ratio(ratio))

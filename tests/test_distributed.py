@@ -19,9 +19,11 @@
    process stepping on its own half) misses by 4e-3, with 68 % of the elements off by more than 1e-4.
 2. `cory.train` end to end: the run finishes, rank 0 alone writes the run folder, both processes end with identical
    weights; a 2-process run resumed from a checkpoint logs the same rows again (long).
-3. DeepSpeed ZeRO-2 (`cory/engines.py`): on one process it trains as torch's Adam; on 2 processes, on the fixed
-   rollouts of 1., it gives the update of torch's Adam on one process with the whole batch (same tolerance), and
-   the two engines resume each other's checkpoints (long). ZeRO-3 and LoRA under ZeRO are refused in one line.
+3. DeepSpeed ZeRO-2 and ZeRO-3 (`cory/engines.py`): on one process each trains as torch's Adam (ZeRO-3 also
+   generating on gathered weights and scoring with a sharded reference); on 2 processes, on the fixed rollouts of
+   1., each gives the update of torch's Adam on one process with the whole batch (same tolerance), and the engines
+   resume each other's checkpoints (long); a 2-process ZeRO-3 run resumes exactly (long). Under ZeRO-3 the weight
+   check reads each process's shard. LoRA under ZeRO is refused in one line.
 Run: `python -m pytest tests/test_distributed.py`.
 """
 
@@ -37,9 +39,11 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.compose import compose_cfg
+from helpers.runners import start_run
 
-from cory import distributed, engines
-from cory.errors import ConfigError
+from cory import build, distributed, engines
+from cory.errors import ConfigError, NonFiniteError
+from cory.ppo.learner import Agent
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "helpers" / "data_parallel.py"
@@ -116,13 +120,38 @@ def test_a_deepspeed_file_whose_precision_disagrees_is_refused(tmp_path: Path) -
         distributed.deepspeed_config(hardware.hardware)
 
 
-def test_zero3_is_refused_in_one_line_before_anything_is_built() -> None:
-    hardware = compose_cfg(["hardware=deepspeed_zero3", "hardware.device=cpu", "hardware.precision=fp32"]).hardware
-    with pytest.raises(ConfigError) as err:
-        distributed.setup(hardware, torch.device("cpu"))
-    assert "\n" not in str(err.value) and "ZeRO-3" in str(err.value) and "deepspeed_zero2" in str(err.value)
-    assert distributed.deepspeed() is None
-    distributed.close()
+def test_under_zero3_the_weight_check_reads_each_process_shard(tmp_path: Path, monkeypatch) -> None:
+    """ZeRO-3 leaves each parameter an empty placeholder outside a gather; the trainer's check after every step
+    reads this process's shard of it (`engines.local`), so a NaN in a shard stops the run in one line."""
+    real_learn = Agent.learn
+
+    def learn(self, rollout, scores):
+        out = real_learn(self, rollout, scores)
+        param = self.trainable_parameters()[0]
+        assert param.numel() == 0 and engines.local(param).numel() > 0  # sharded: the placeholder holds nothing
+        with torch.no_grad():
+            engines.local(param).view(-1)[0] = float("nan")
+        return out
+
+    monkeypatch.setattr(Agent, "learn", learn)
+    try:
+        with pytest.raises(NonFiniteError, match=r"^iteration 0 left non-finite weights \(llm1/") as err:
+            start_run(tmp_path, tmp_path / "run", "algorithm=ppo", "model.lora.enabled=false", *zero_cpu(3))
+    finally:
+        distributed.close()  # the group of one the run joined (an exception ends a real run's process)
+    assert "\n" not in str(err.value)
+
+
+# ZeRO-3 leaves a parameter below `stage3_param_persistence_threshold` elements whole on every process (our
+# zero3.json keeps DeepSpeed's default, 1e5): every weight of the tiny test model would stay whole. The tests shard
+# them all.
+SHARD_EVERYTHING = ROOT / "tests" / "helpers" / "zero3_shard_everything.json"
+
+
+def zero_cpu(stage: int) -> tuple[str, ...]:
+    """A ZeRO run on the CPU: fp32 (no bf16 autocast there), whole models (LoRA is refused under ZeRO)."""
+    shard = (f"hardware.deepspeed_config={SHARD_EVERYTHING}",) if stage == 3 else ()
+    return (f"hardware=deepspeed_zero{stage}", "hardware.device=cpu", "hardware.precision=fp32", *shard)
 
 
 def _adam_state(path: Path) -> torch.Tensor:
@@ -130,15 +159,16 @@ def _adam_state(path: Path) -> torch.Tensor:
     return torch.cat([state[i][k].flatten() for i in sorted(state) for k in ("exp_avg", "exp_avg_sq")])
 
 
-def test_zero2_on_one_process_trains_as_torch_adam(tmp_path: Path) -> None:
-    """Without a launcher, ZeRO-2 joins a process group of one; the run's metrics are those of torch's Adam (fused
+@pytest.mark.parametrize("stage", [2, 3])
+def test_zero_on_one_process_trains_as_torch_adam(tmp_path: Path, stage: int) -> None:
+    """Without a launcher, ZeRO joins a process group of one; the run's metrics are those of torch's Adam (fused
     kernel vs DeepSpeed's flat shard: float32 rounding only), with the official swap's fresh Adam at every role
-    exchange (`engine.reset`), and its checkpoint is in torch's format."""
+    exchange (`engine.reset`), and its checkpoint is in torch's format. ZeRO-3 also samples on gathered weights
+    and scores with a sharded reference, so equal rewards and KL mean equal generations and equal π0."""
     base = [sys.executable, "-m", "cory.train", "experiment=smoke", "algorithm=cory", "model.lora.enabled=false"]
     base += ["iterations=3", "progress=false", "save_every=3"]
     base += ["algorithm.swap_period=2", "algorithm.faithful_official_swap=true"]  # a fresh Adam after iteration 2
-    zero = ["hardware=deepspeed_zero2", "hardware.device=cpu", "hardware.precision=fp32"]
-    _run([*base, *zero, f"hydra.run.dir={tmp_path / 'zero'}"])
+    _run([*base, *zero_cpu(stage), f"hydra.run.dir={tmp_path / 'zero'}"])
     _run([*base, f"hydra.run.dir={tmp_path / 'adam'}"])
     rows = [
         [json.loads(r) for r in (tmp_path / d / "metrics.jsonl").read_text().splitlines()] for d in ("zero", "adam")
@@ -169,24 +199,58 @@ def test_zero2_on_one_process_trains_as_torch_adam(tmp_path: Path) -> None:
 
 def test_zero_with_lora_adapters_is_refused_in_one_line() -> None:
     """LoRA agents share one base module (and their Adam states are small): ZeRO wraps whole models only."""
-    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
-    adapter_only = list(model[1].parameters())
+    backbone = build.build_backbone(compose_cfg(["experiment=smoke", "model.lora.enabled=true"]).model, "cpu")
+    handle = backbone.policy("llm1", init_seed=0)
     with pytest.raises(ConfigError, match="model.lora.enabled=false") as err:
-        engines.ZeroStep(model, adapter_only, 1e-3, 1.0, 4, 1, {"zero_optimization": {"stage": 2}})
+        engines.ZeroStep(handle, handle.trainable_parameters(), 1e-3, 1.0, 4, 1, {"zero_optimization": {"stage": 2}})
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("algorithm", ["grpo", "cory_cc"])
+def test_learners_without_a_value_loss_train_under_zero3_as_under_torch_adam(tmp_path: Path, algorithm: str) -> None:
+    """GRPO's agents and the centralised critic's actors step every weight but their unused value head: the engine
+    freezes what it does not step, and the run (for CORY-CC also the critic, a third engine) logs torch Adam's
+    metrics."""
+    base = [sys.executable, "-m", "cory.train", "experiment=smoke", f"algorithm={algorithm}"]
+    base += ["model.lora.enabled=false", "iterations=2", "progress=false", "save_every=0"]
+    _run([*base, *zero_cpu(3), f"hydra.run.dir={tmp_path / 'zero'}"])
+    _run([*base, f"hydra.run.dir={tmp_path / 'adam'}"])
+    rows = [
+        [json.loads(r) for r in (tmp_path / d / "metrics.jsonl").read_text().splitlines()] for d in ("zero", "adam")
+    ]
+    assert len(rows[0]) == len(rows[1]) == 4  # evaluations after 0 and 2 iterations, 2 training rows
+    for got, want in zip(*rows):
+        for key, value in want.items():
+            if isinstance(value, float) and not key.startswith("time/") and "memory" not in key:
+                assert got[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+
+
 @pytest.mark.long
-def test_zero2_on_two_processes_updates_as_one_process_and_shares_its_checkpoints(tmp_path: Path) -> None:
-    """DeepSpeed ZeRO-2 (Adam sharded over 2 gloo processes; CORY's two agents fully fine-tuned, each its own
-    engine) against torch's Adam in one process with the whole batch, on the fixed rollouts of the test above and
-    with its tolerance (the same float32 reordering: DeepSpeed reduces, clips and steps the flat shards).
+@pytest.mark.parametrize("stage", [2, 3])
+def test_zero_on_two_processes_updates_as_one_process_and_shares_its_checkpoints(tmp_path: Path, stage: int) -> None:
+    """DeepSpeed ZeRO (Adam sharded over 2 gloo processes, ZeRO-3: the weights and the reference too; CORY's two
+    agents fully fine-tuned, each its own engine) against torch's Adam in one process with the whole batch, on the
+    fixed rollouts of the test above and with its tolerance (the same float32 reordering: DeepSpeed reduces, clips
+    and steps the flat shards).
     Then the checkpoints: ZeRO saves Adam in torch's format (gathered from the shards), so each engine resumes
     the other's checkpoint and takes the same next update."""
     one, two = tmp_path / "one", tmp_path / "two"
-    _run([sys.executable, str(WORKER), str(one), "cory", "--emulate", "2", "--zero", "--save", str(one / "ck")])
+    _run(
+        [
+            sys.executable,
+            str(WORKER),
+            str(one),
+            "cory",
+            "--emulate",
+            "2",
+            "--zero",
+            f"{stage}",
+            "--save",
+            str(one / "ck"),
+        ]
+    )
     launch = [_torchrun(), "--standalone", "--nproc_per_node", "2", str(WORKER)]
-    _run([*launch, str(two), "cory", "--zero", "--save", str(two / "ck")])
+    _run([*launch, str(two), "cory", "--zero", f"{stage}", "--save", str(two / "ck")])
     ref, ranks = torch.load(one / "rank0.pt"), [torch.load(two / f"rank{r}.pt") for r in (0, 1)]
     for name in ("llm1", "llm2"):
         got = _flat(ranks[0][name]["params"])
@@ -202,9 +266,20 @@ def test_zero2_on_two_processes_updates_as_one_process_and_shares_its_checkpoint
         assert saved[0].shape == saved[1].shape and (saved[0] - saved[1]).abs().max() <= 1e-6
     # each engine continues from the other's checkpoint: one more update on the same rollouts
     _run(
-        [sys.executable, str(WORKER), str(one / "next"), "cory", "--emulate", "2", "--zero", "--load", str(two / "ck")]
+        [
+            sys.executable,
+            str(WORKER),
+            str(one / "next"),
+            "cory",
+            "--emulate",
+            "2",
+            "--zero",
+            f"{stage}",
+            "--load",
+            str(two / "ck"),
+        ]
     )
-    _run([*launch, str(two / "next"), "cory", "--zero", "--load", str(one / "ck")])
+    _run([*launch, str(two / "next"), "cory", "--zero", f"{stage}", "--load", str(one / "ck")])
     ref, got = torch.load(one / "next" / "rank0.pt"), torch.load(two / "next" / "rank0.pt")
     for name in ("llm1", "llm2"):
         assert ref[name]["adam_steps"] == got[name]["adam_steps"] == 4.0  # the step count was restored
@@ -240,18 +315,16 @@ def test_two_gloo_processes_stay_in_sync(tmp_path: Path, algorithm: str) -> None
     assert [r["iteration"] for r in train_rows] == [0, 1]  # one writer: no duplicated rows
 
 
-ZERO2_CPU = ("hardware=deepspeed_zero2", "hardware.device=cpu", "hardware.precision=fp32", "model.lora.enabled=false")
-
-
 @pytest.mark.long
-@pytest.mark.parametrize("engine", ["accelerate", "zero2"])
+@pytest.mark.parametrize("engine", ["accelerate", "zero2", "zero3"])
 def test_a_two_process_cory_run_resumes_exactly(tmp_path: Path, engine: str) -> None:
     """`cory.train` on 2 processes, checkpoint every iteration; resumed from the first checkpoint, it logs the same
     rows again. Each process samples its own slice with its own RNG streams (seed + rank), so a checkpoint holds
     every process's streams, and rank 0 alone truncates the logs (a late truncation by another process dropped
-    rank 0's new rows). Under ZeRO-2 the Adam shards are gathered into the checkpoint and scattered back."""
+    rank 0's new rows). Under ZeRO the Adam shards (ZeRO-3: and the weights) are gathered into the checkpoint and
+    scattered back; under ZeRO-3 every process takes part in the evaluations."""
     run_dir = tmp_path / "run"
-    hardware = ZERO2_CPU if engine == "zero2" else ()
+    hardware = (*zero_cpu(int(engine[-1])), "model.lora.enabled=false") if engine.startswith("zero") else ()
     cmd = [_torchrun(), "--standalone", "--nproc_per_node", "2", "-m", "cory.train", "experiment=smoke"]
     _run(
         [
@@ -269,7 +342,9 @@ def test_a_two_process_cory_run_resumes_exactly(tmp_path: Path, engine: str) -> 
     )
     first = (run_dir / "metrics.jsonl").read_text().splitlines()
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["world_size"] == 2 and summary["weights_in_sync"] is True and summary["completed"]
+    assert summary["world_size"] == 2 and summary["completed"]
+    # every process holds the same whole weights; under ZeRO-3 each holds its own shard, so there is nothing to compare
+    assert summary.get("weights_in_sync") is (None if engine == "zero3" else True)
     for later in ("iter_000002", "iter_000003"):
         shutil.rmtree(run_dir / "checkpoints" / later)
     _run([*cmd[:-1], "resume=" + str(run_dir)])

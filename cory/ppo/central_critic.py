@@ -229,23 +229,27 @@ class CentralCritic:
         return self.policy.trainable_parameters()
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
-        tensors = {f"weight {n}": t for n, t in self.policy.state_dict().items()}
+        with self.engine.whole():  # ZeRO-3: gathered and copied out (`Agent.state_tensors`)
+            tensors = {f"weight {n}": engines.held(t) for n, t in self.policy.state_dict(keep_vars=True).items()}
         return tensors | tensors_of(self.engine.state_dict()["state"], "optimizer state")
 
     def save(self, directory: Path) -> None:
         """Weights (safetensors: the adapter and value head, or the whole model), Adam (tensors), RNG (JSON)."""
         directory.mkdir(parents=True, exist_ok=True)
         optimizer_state = self.engine.state_dict()  # under ZeRO, gathered by every process (collective)
+        with self.engine.whole():  # ZeRO-3: gathered on every process, rank 0 writes them
+            if distributed.is_main():
+                self.policy.save_weights(directory)
         if not distributed.is_main():
             return
-        self.policy.save_weights(directory)
         torch.save(optimizer_state, directory / "optimizer.pt")
         name, keys, pos, has_gauss, gauss = self.rng.get_state()
         state = {"rng": [name, keys.tolist(), int(pos), int(has_gauss), float(gauss)]}
         (directory / "critic.json").write_text(json.dumps(state))
 
     def load(self, directory: Path) -> None:
-        self.policy.load_weights(directory)
+        with self.engine.whole(modify=True):
+            self.policy.load_weights(directory)
         self.engine.load_state_dict(torch.load(directory / "optimizer.pt", weights_only=True))
         name, keys, pos, has_gauss, gauss = json.loads((directory / "critic.json").read_text())["rng"]
         self.rng.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))

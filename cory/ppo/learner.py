@@ -211,7 +211,7 @@ class Agent:
         if self._synced_version != version:
             self.backend.sync_weights(self.policy)
             self._synced_version = version
-        with self._autocast():
+        with self._autocast(), self.engine.generating():  # ZeRO-3: on gathered weights (`cory/engines.py`)
             response_ids = self.backend.generate(prompt_ids, max_new_tokens, generation_kwargs, batch_size)
         self.policy.eval()
         if lengths is not None:
@@ -404,8 +404,9 @@ class Agent:
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         """Every weight and optimiser tensor, named: what a loaded checkpoint must hold finite. Collective under a
-        sharded engine (the Adam state is gathered)."""
-        tensors = {f"weight {n}": t for n, t in self.policy.state_dict().items()}
+        sharded engine (the Adam state is gathered; under ZeRO-3 the weights too, copied out on the CPU)."""
+        with self.engine.whole():
+            tensors = {f"weight {n}": engines.held(t) for n, t in self.policy.state_dict(keep_vars=True).items()}
         return tensors | tensors_of(self.engine.state_dict()["state"], "optimizer state")
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
@@ -441,9 +442,11 @@ class Agent:
         KL controller, score moments and RNG (JSON)."""
         directory.mkdir(parents=True, exist_ok=True)
         optimizer_state = self.engine.state_dict()  # under ZeRO, gathered by every process (collective)
-        if not distributed.is_main():  # the weights are whole on every process: rank 0 writes them
+        with self.engine.whole():  # ZeRO-3: the weights gathered on every process (collective), rank 0 writes them
+            if distributed.is_main():
+                self.policy.save_weights(directory)
+        if not distributed.is_main():
             return
-        self.policy.save_weights(directory)
         torch.save(optimizer_state, directory / "optimizer.pt")
         rng_name, keys, pos, has_gauss, gauss = self.rng.get_state()
         state = {
@@ -456,7 +459,8 @@ class Agent:
 
     def load(self, directory: Path) -> None:
         """Inverse of `save`; the optimiser state is read with `weights_only=True` (no pickle execution)."""
-        self.policy.load_weights(directory)
+        with self.engine.whole(modify=True):  # ZeRO-3: every process reads the file, rank 0's copy is sharded
+            self.policy.load_weights(directory)
         self.weights_changed()
         self.engine.load_state_dict(torch.load(directory / "optimizer.pt", weights_only=True))
         state = json.loads((directory / AGENT_STATE).read_text())

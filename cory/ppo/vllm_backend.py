@@ -135,6 +135,8 @@ class VLLMEngine:
     def __init__(self, backbone, settings, device, seed: int) -> None:
         if distributed.world_size() > 1:
             raise ConfigError("rollout=vllm runs in one process; data-parallel runs need rollout=hf")
+        if distributed.sharded_weights():
+            raise ConfigError("rollout=vllm reads whole weights; hardware=deepspeed_zero3 shards them: use rollout=hf")
         self.backbone, self.settings, self.device, self.seed = backbone, settings, torch.device(device), seed
         self.llm = None
         self.owner: str | None = None  # full fine-tuning: whose weights the engine holds

@@ -5,8 +5,9 @@
 Each writes OUT/rank<r>.pt: every agent's trainable parameters, Adam's step count and β after `learn`.
 The agents are built as a run builds them (`experiment=smoke`; CORY: two LoRA adapters on one base, the reference
 that base with adapters disabled) and the engine is joined as a run joins it (`cory.distributed.setup`).
-`--zero`: full fine-tuning (CORY: two whole copies), and under `torchrun` the DeepSpeed ZeRO-2 engine
-(`hardware=deepspeed_zero2`, fp32 on the CPU); the emulating process keeps torch's Adam, so the two are compared.
+`--zero 2|3`: full fine-tuning (CORY: two whole copies), and under `torchrun` the DeepSpeed ZeRO engine of that
+stage (`hardware=deepspeed_zero2|3`, fp32 on the CPU; ZeRO-3 also shards the weights and the reference); the
+emulating process keeps torch's Adam, so the two are compared.
 `--save DIR`: each process also takes part in saving the agents after `learn` (`Agent.save`, rank 0 writes
 DIR/<agent>); `--load DIR`: every agent first loads DIR/<agent> (saved by either engine).
 """
@@ -20,7 +21,7 @@ import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[2])]
 
-from cory import build, distributed  # noqa: E402
+from cory import build, distributed, engines  # noqa: E402
 from cory.ppo.learner import Agent  # noqa: E402
 from helpers.compose import compose_cfg  # noqa: E402
 from helpers.from_config import agent_from  # noqa: E402
@@ -47,10 +48,12 @@ def per_slice_advantages(agent: Agent, slices: int):
     return advantages
 
 
-def main(out: Path, algorithm: str, emulate: int, zero: bool, save: Path | None, load: Path | None) -> None:
+def main(out: Path, algorithm: str, emulate: int, zero: int, save: Path | None, load: Path | None) -> None:
     world = int(emulate) or 1
     rows = B * world if emulate else B  # one process holds the whole batch; W processes a slice each
-    zero_hardware = ["hardware=deepspeed_zero2", "hardware.device=cpu", "hardware.precision=fp32"]
+    zero_hardware = [f"hardware=deepspeed_zero{zero}", "hardware.device=cpu", "hardware.precision=fp32"]
+    if zero == 3:  # every weight sharded, however small (DeepSpeed keeps those under 1e5 elements whole)
+        zero_hardware.append(f"hardware.deepspeed_config={Path(__file__).with_name('zero3_shard_everything.json')}")
     cfg = compose_cfg(
         [
             "experiment=smoke",
@@ -79,8 +82,10 @@ def main(out: Path, algorithm: str, emulate: int, zero: bool, save: Path | None,
         rollout = agent.score_tokens(prompts[sl], responses[sl])
         stats = agent.learn(rollout, scores[sl])
         steps = [s["step"] for s in agent.optimizer.state.values()]
+        with agent.engine.whole():  # ZeRO-3: gathered from the shards
+            params = {str(k): engines.held(p).clone() for k, p in enumerate(agent.trainable_parameters())}
         result[agent.name] = {
-            "params": {str(k): p.detach().clone() for k, p in enumerate(agent.trainable_parameters())},
+            "params": params,
             "kl_coef": agent.kl_ctl.value,
             "adam_steps": float(steps[0]),
             "policy_loss": stats["policy_loss"],
@@ -102,4 +107,5 @@ def main(out: Path, algorithm: str, emulate: int, zero: bool, save: Path | None,
 if __name__ == "__main__":
     emulate = int(sys.argv[sys.argv.index("--emulate") + 1]) if "--emulate" in sys.argv else 0
     save, load = (Path(sys.argv[sys.argv.index(f) + 1]) if f in sys.argv else None for f in ("--save", "--load"))
-    main(Path(sys.argv[1]), sys.argv[2], emulate, "--zero" in sys.argv, save, load)
+    zero = int(sys.argv[sys.argv.index("--zero") + 1]) if "--zero" in sys.argv else 0
+    main(Path(sys.argv[1]), sys.argv[2], emulate, zero, save, load)
