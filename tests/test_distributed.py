@@ -206,6 +206,16 @@ def test_zero_with_lora_adapters_is_refused_in_one_line() -> None:
     assert "\n" not in str(err.value)
 
 
+def test_maft_under_zero_is_refused_in_one_line(tmp_path: Path) -> None:
+    """MAFT fine-tunes with TRL's SFTTrainer, which the ZeRO engines do not wrap: a ZeRO option would be ignored."""
+    try:
+        with pytest.raises(ConfigError, match="algorithm=maft .* hardware=cpu or gpu") as err:
+            start_run(tmp_path, tmp_path / "run", "experiment=maft_smoke", *zero_cpu(2))
+    finally:
+        distributed.close()
+    assert "\n" not in str(err.value)
+
+
 @pytest.mark.parametrize("algorithm", ["grpo", "cory_cc"])
 def test_learners_without_a_value_loss_train_under_zero3_as_under_torch_adam(tmp_path: Path, algorithm: str) -> None:
     """GRPO's agents and the centralised critic's actors step every weight but their unused value head: the engine

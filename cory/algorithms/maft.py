@@ -44,7 +44,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from cory import runtime
+from cory import distributed, runtime
 from cory.algorithms.base import EvalOutput, Report, RunContext, StepOutput, named_parameters
 from cory.checkpoints import check_files, damaged, refuse_nonfinite
 from cory.errors import CheckpointError, ConfigError, writing
@@ -139,6 +139,11 @@ class MAFT:
         _check(0.0 < critic_mix_w <= 1.0, f"algorithm.critic_mix_w={critic_mix_w}: must lie in (0, 1]")
         _check(finetune_from in ("previous", "base"), f"algorithm.finetune_from={finetune_from!r}: previous, base")
         _check(log_samples >= 0, f"algorithm.log_samples={log_samples}: must be >= 0")
+        _check(
+            distributed.deepspeed() is None,
+            "algorithm=maft fine-tunes with TRL's SFTTrainer, which DeepSpeed does not shard here: "
+            "hardware=deepspeed_zero2|3 applies to the PPO-family learners; use hardware=cpu or gpu",
+        )
         self.seed, self.store = context.settings.seed, RunStore(context.run_dir)
         self.num_agents, self.debate_rounds = num_agents, debate_rounds
         self.summarize, self.max_others, self.filter = summarize, max_others, filter
