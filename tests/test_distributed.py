@@ -269,6 +269,9 @@ def test_zero_on_two_processes_updates_as_one_process_and_shares_its_checkpoints
         assert ranks[0][name]["kl_coef"] == pytest.approx(ref[name]["kl_coef"], rel=1e-9, abs=0)
         whole = ref[name]["adam_bytes"]  # each process holds half of Adam's moments (DeepSpeed pads its shards)
         assert whole > 0 and all(0.45 * whole <= r[name]["adam_bytes"] <= 0.55 * whole for r in ranks)
+        weights = ref[name]["weight_bytes"]  # ZeRO-3: and half of the weights; ZeRO-2: all of them
+        share = (0.45, 0.55) if stage == 3 else (1.0, 1.0)
+        assert all(share[0] * weights <= r[name]["weight_bytes"] <= share[1] * weights for r in ranks)
         diff = (got - _flat(ref[name]["params"])).abs()
         assert diff.max() <= 2e-2 * LEARNING_RATE, (name, diff.max())
         assert (diff > 1e-7).float().mean() <= 0.005, (name, (diff > 1e-7).sum())

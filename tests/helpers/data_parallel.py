@@ -89,6 +89,8 @@ def main(out: Path, algorithm: str, emulate: int, zero: int, save: Path | None, 
             "kl_coef": agent.kl_ctl.value,
             "adam_steps": float(steps[0]),
             "policy_loss": stats["policy_loss"],
+            # the trainable weights this process holds (under ZeRO-3 its shard of them)
+            "weight_bytes": sum(engines.local(p).numel() * p.element_size() for p in agent.trainable_parameters()),
             # Adam's moments held by this process (under ZeRO its shard of them)
             "adam_bytes": sum(
                 t.numel() * t.element_size()
