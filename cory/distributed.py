@@ -186,14 +186,12 @@ def close() -> None:
     global _STATE, _DEEPSPEED
     if _STATE is not None:
         _STATE.destroy_process_group()
-    if _DEEPSPEED is not None and torch.distributed.is_initialized():  # the group of one `_join_alone` joined
-        torch.distributed.destroy_process_group()
-    if (
-        _DEEPSPEED is not None
-    ):  # DeepSpeed keeps a clone of the world group; a later run in this process needs a new one
+    if _DEEPSPEED is not None:
+        if torch.distributed.is_initialized():  # the group of one `_join_alone` joined
+            torch.distributed.destroy_process_group()
         from deepspeed.utils import groups
 
-        groups._WORLD_GROUP = None
+        groups._WORLD_GROUP = None  # DeepSpeed's cached clone of the world group: a later run here needs its own
     while _SET_ENV:
         os.environ.pop(_SET_ENV.pop(), None)
     _STATE, _DEEPSPEED = None, None

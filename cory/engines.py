@@ -56,13 +56,12 @@ def frozen(module: torch.nn.Module) -> torch.nn.Module:
     """What runs the forward passes of a frozen model (the reference π0): the module itself, or under ZeRO-3 a
     DeepSpeed engine without optimiser that shards its weights like the policies' (TRL 0.11 prepares its reference
     so under ZeRO-3; under ZeRO-2 every process keeps a whole copy, as TRL's stage-0 reference). Collective."""
-    config = distributed.deepspeed()
-    if config is None or config["zero_optimization"]["stage"] != 3:
+    if not distributed.sharded_weights():
         return module
     import deepspeed
 
     module.requires_grad_(False)
-    engine, *_ = deepspeed.initialize(model=module, config=_engine_config(config, 1, 1))
+    engine, *_ = deepspeed.initialize(model=module, config=_engine_config(distributed.deepspeed(), 1, 1))
     engine.eval()  # DeepSpeed's `eval` returns nothing
     return engine
 

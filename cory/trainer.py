@@ -360,13 +360,16 @@ class Trainer:
     def _check_weights(self, k: int) -> None:
         """After a step every trainable tensor must be finite; a NaN weight cannot be undone, so the run stops
         here, before a checkpoint could hold it."""
-        named = list(self.algorithm.parameters())
-        bad = [name for name, t in named if not runtime.all_finite([engines.local(t)])]  # ZeRO-3: this shard
+        named = [(name, engines.local(t)) for name, t in self.algorithm.parameters()]  # ZeRO-3: this process's shard
+        finite = runtime.all_finite([t for _, t in named])
         if distributed.sharded_weights():  # every process stops together, whichever shard went bad
-            bad = [name for names in distributed.every(bad) for name in names]
-        if bad:
+            finite = all(distributed.every(finite))
+        if not finite:
+            bad = next((name for name, t in named if not runtime.all_finite([t])), None)
+            if distributed.sharded_weights():  # the name from the first process that holds a bad shard
+                bad = next(name for name in distributed.every(bad) if name is not None)
             raise NonFiniteError(
-                f"iteration {k} left non-finite weights ({bad[0]}); stopping without saving them. "
+                f"iteration {k} left non-finite weights ({bad}); stopping without saving them. "
                 f"{self._last_good()} Start a new run with a lower learning rate."
             )
 
