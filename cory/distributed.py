@@ -1,13 +1,13 @@
-"""Data parallel through accelerate (DeepSpeed for ZeRO, `cory/engines.py`): no process group or collective is
-written here.
+"""Data parallel through accelerate (DeepSpeed for ZeRO, PyTorch FSDP2 for FSDP: `cory/engines.py`): no collective
+is written here.
 
 A launcher (`accelerate launch`, `torchrun`, `srun` + `accelerate launch`) starts one process per device and sets
 RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT. `setup` hands them to accelerate's `PartialState`,
 which joins the process group (NCCL on GPUs, gloo on CPUs) and picks this process's device. Every process holds
-full copies of the agents (under ZeRO-3 a shard of each weight: `cory/engines.py`) and takes its own slice of each
-iteration's prompts; before each optimiser step an agent replaces its gradients by their mean over processes
-(`average_gradients`: accelerate's `reduce`; DeepSpeed's own reduction under ZeRO), so every process takes the same
-step and the weights stay identical. Rank 0 alone logs and writes checkpoints.
+full copies of the agents (under ZeRO-3 and FSDP a shard of each weight: `cory/engines.py`) and takes its own
+slice of each iteration's prompts; before each optimiser step an agent replaces its gradients by their mean over
+processes (`average_gradients`: accelerate's `reduce`; DeepSpeed's or FSDP's own reduction under those engines), so
+every process takes the same step. Rank 0 alone logs and writes checkpoints.
 As in TRL 0.11's PPOTrainer, `batch_size` is per process, the logged statistics are means over processes
 (`mean_metrics`), and the adaptive KL controller is fed the mean KL over processes with `batch_size × world_size`
 samples (`mean`). Why gradients are reduced rather than the models wrapped in DDP: docs/implementation-notes.md.
@@ -29,9 +29,10 @@ from accelerate.utils import gather, gather_object, reduce
 from cory.errors import ConfigError
 
 CONF_DIR = Path(__file__).resolve().parent / "conf"
-ENGINES = ("accelerate", "deepspeed")  # hardware.engine; absent means accelerate (data parallel by gradient mean)
+ENGINES = ("accelerate", "deepspeed", "fsdp")  # hardware.engine; absent: accelerate (data parallel by gradient mean)
 _STATE: PartialState | None = None  # set by `setup`; before it (tests, scripts) the run is one process
 _DEEPSPEED: dict[str, Any] | None = None  # the DeepSpeed config of a ZeRO run (`setup`)
+_ENGINE = "accelerate"  # hardware.engine of this run (`setup`)
 _SET_ENV: list[str] = []  # launcher variables `_join_alone` set for a one-process ZeRO run
 
 
@@ -40,23 +41,24 @@ def setup(hardware: Mapping[str, Any], device: torch.device) -> torch.device:
 
     One process keeps `device` as configured (so `hardware.device=cuda:1` is honoured); several take accelerate's
     (`cuda:<LOCAL_RANK>` or the CPU). `hardware.engine=deepspeed` also reads and checks the DeepSpeed config (ZeRO-2 or
-    ZeRO-3), which the learners' engines then use (`cory/engines.py`); DeepSpeed joins the same process group."""
-    global _STATE, _DEEPSPEED
+    ZeRO-3), which the learners' engines then use (`cory/engines.py`); DeepSpeed joins the same process group.
+    `hardware.engine=fsdp` shards with PyTorch's FSDP2 (`cory/engines.py`) over the same group."""
+    global _STATE, _DEEPSPEED, _ENGINE
     engine = hardware.get("engine", "accelerate")
     if engine not in ENGINES:
         raise ConfigError(f"hardware.engine={engine!r}: allowed {', '.join(ENGINES)}")
     _DEEPSPEED = deepspeed_config(hardware) if engine == "deepspeed" else None
+    _ENGINE = engine
     _STATE = PartialState(cpu=device.type == "cpu")
-    if _DEEPSPEED is not None and not torch.distributed.is_initialized():
+    if engine != "accelerate" and not torch.distributed.is_initialized():
         _join_alone(device)
     return device if _STATE.num_processes == 1 else _STATE.device
 
 
 def _join_alone(device: torch.device) -> None:
-    """DeepSpeed needs a process group even for one process started without a launcher: a group of one, joined
-    through DeepSpeed with the variables a launcher would have set (a free local port); `close` removes them."""
-    import deepspeed
-
+    """DeepSpeed and FSDP need a process group even for one process started without a launcher: a group of one,
+    joined with the variables a launcher would have set (a free local port; through DeepSpeed for ZeRO, torch's
+    `init_process_group` for FSDP, as `torchrun` would); `close` removes them."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -71,9 +73,13 @@ def _join_alone(device: torch.device) -> None:
         if key not in os.environ:
             os.environ[key] = value
             _SET_ENV.append(key)
-    deepspeed.init_distributed(
-        dist_backend="gloo" if device.type == "cpu" else "nccl", auto_mpi_discovery=False, verbose=False
-    )
+    backend = "gloo" if device.type == "cpu" else "nccl"
+    if _ENGINE == "fsdp":
+        torch.distributed.init_process_group(backend)
+        return
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
 
 
 def deepspeed() -> dict[str, Any] | None:
@@ -107,16 +113,21 @@ def deepspeed_config(hardware: Mapping[str, Any]) -> dict[str, Any]:
     return wanted | config
 
 
+def fsdp() -> bool:
+    """Whether this run shards with FSDP (`hardware.engine=fsdp`)."""
+    return _ENGINE == "fsdp"
+
+
 def sharded() -> bool:
-    """Whether the learners' state is sharded over the processes (ZeRO): then saving a checkpoint is collective,
-    every process calls the algorithm's `save` and rank 0 alone keeps what it wrote."""
-    return _DEEPSPEED is not None
+    """Whether the learners' state is sharded over the processes (ZeRO, FSDP): then saving a checkpoint is
+    collective, every process calls the algorithm's `save` and rank 0 alone keeps what it wrote."""
+    return _DEEPSPEED is not None or fsdp()
 
 
 def sharded_weights() -> bool:
-    """Whether the weights themselves are sharded (ZeRO-3): then every forward pass is collective, so every process
-    takes part in the evaluation too, and a weight's finiteness is checked on every process's shard of it."""
-    return _DEEPSPEED is not None and _DEEPSPEED["zero_optimization"]["stage"] == 3
+    """Whether the weights themselves are sharded (ZeRO-3, FSDP): then every forward pass is collective, so every
+    process takes part in the evaluation too, and a weight's finiteness is checked on every process's shard of it."""
+    return fsdp() or (_DEEPSPEED is not None and _DEEPSPEED["zero_optimization"]["stage"] == 3)
 
 
 def world_size() -> int:
@@ -183,9 +194,11 @@ def weights_in_sync(tensors: list[torch.Tensor]) -> bool:
 
 def close() -> None:
     """Leave the process group (accelerate's `destroy_process_group`); a later `setup` starts afresh."""
-    global _STATE, _DEEPSPEED
+    global _STATE, _DEEPSPEED, _ENGINE
     if _STATE is not None:
         _STATE.destroy_process_group()
+    if _ENGINE == "fsdp" and torch.distributed.is_initialized():  # the group of one `_join_alone` joined
+        torch.distributed.destroy_process_group()
     if _DEEPSPEED is not None:
         if torch.distributed.is_initialized():  # the group of one `_join_alone` joined
             torch.distributed.destroy_process_group()
@@ -194,4 +207,4 @@ def close() -> None:
         groups._WORLD_GROUP = None  # DeepSpeed's cached clone of the world group: a later run here needs its own
     while _SET_ENV:
         os.environ.pop(_SET_ENV.pop(), None)
-    _STATE, _DEEPSPEED = None, None
+    _STATE, _DEEPSPEED, _ENGINE = None, None, "accelerate"

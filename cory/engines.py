@@ -18,6 +18,9 @@ are no-ops unless the weights themselves are sharded. Which engine a run uses is
   Under ZeRO-3 generation runs on gathered weights with DeepSpeed's per-layer hooks lifted (`generating`), as TRL
   0.11's PPOTrainer generates under ZeRO-3: one gather per rollout instead of one per layer per token, and the
   processes need not generate in lockstep. The frozen reference is a ZeRO-3 engine without optimiser (`frozen`).
+- `FsdpStep` (hardware=fsdp): PyTorch's FSDP2 (`fully_shard`, `shard`) shards the weights, gradients and torch
+  Adam's moments over the processes, one unit per transformer block: ZeRO-3's layout without DeepSpeed. Generation,
+  the frozen reference, checkpoints and the weight check work as under ZeRO-3.
 
 The numbers are those of `AdamStep` on the whole batch (tests/test_distributed.py measures it); where DeepSpeed
 differs (a non-finite gradient is stepped on, not skipped) docs/implementation-notes.md lists it.
@@ -27,10 +30,12 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from cory import distributed, runtime
 from cory.errors import ConfigError
@@ -43,9 +48,11 @@ def new_engine(
     max_grad_norm: float | None,
     micro_batch: int,
     accumulation: int,
-) -> AdamStep | ZeroStep:
+) -> AdamStep | ZeroStep | FsdpStep:
     """The engine this run's hardware option asks for, stepping `params` (of `module`) with Adam at
     `learning_rate`: `accumulation` backward calls of `micro_batch` rows each per optimiser step."""
+    if distributed.fsdp():
+        return FsdpStep(module, params, learning_rate, max_grad_norm, accumulation)
     config = distributed.deepspeed()
     if config is None:
         return AdamStep(params, learning_rate, max_grad_norm, accumulation)
@@ -55,26 +62,32 @@ def new_engine(
 def frozen(module: torch.nn.Module) -> torch.nn.Module:
     """What runs the forward passes of a frozen model (the reference π0): the module itself, or under ZeRO-3 a
     DeepSpeed engine without optimiser that shards its weights like the policies' (TRL 0.11 prepares its reference
-    so under ZeRO-3; under ZeRO-2 every process keeps a whole copy, as TRL's stage-0 reference). Collective."""
+    so under ZeRO-3; under ZeRO-2 every process keeps a whole copy, as TRL's stage-0 reference), under FSDP the
+    module sharded as the policies are. Collective."""
     if not distributed.sharded_weights():
         return module
+    module.requires_grad_(False)
+    if distributed.fsdp():
+        return shard(module)
     import deepspeed
 
-    module.requires_grad_(False)
     engine, *_ = deepspeed.initialize(model=module, config=_engine_config(distributed.deepspeed(), 1, 1))
     engine.eval()  # DeepSpeed's `eval` returns nothing
     return engine
 
 
 def held(tensor: torch.Tensor) -> torch.Tensor:
-    """A parameter's value to keep after a `whole()` context: a CPU copy of a gathered ZeRO-3 weight (its storage
-    is released on exit), else the tensor itself, detached (no copy)."""
-    return tensor.detach().to("cpu", copy=True) if hasattr(tensor, "ds_tensor") else tensor.detach()
+    """A parameter's value to keep after a `whole()` context: a CPU copy of a gathered weight (ZeRO-3, FSDP: its
+    storage is released on exit), else the tensor itself, detached (no copy)."""
+    return tensor.detach().to("cpu", copy=True) if distributed.sharded_weights() else tensor.detach()
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:
-    """This process's part of a parameter: its ZeRO-3 partition, else the whole tensor (finite checks read it)."""
-    return tensor.ds_tensor if hasattr(tensor, "ds_tensor") else tensor
+    """This process's part of a parameter: its ZeRO-3 partition, its FSDP shard, else the whole tensor (finite
+    checks read it)."""
+    if hasattr(tensor, "ds_tensor"):
+        return tensor.ds_tensor
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def adam(params: list[torch.nn.Parameter], learning_rate: float) -> torch.optim.Adam:
@@ -170,15 +183,7 @@ class ZeroStep:
         accumulation: int,
         config: dict[str, Any],
     ) -> None:
-        if getattr(module, "adapter", None) is not None:  # a LoRA agent's handle (`cory.policy.PolicyWithValueHead`)
-            raise ConfigError(
-                "hardware.engine=deepspeed trains whole models (model.lora.enabled=false): LoRA adapters share one "
-                "base and their Adam states are small; use hardware=multi_gpu with LoRA"
-            )
-        stepped = {id(p) for p in params}
-        for p in module.parameters():  # what this engine never steps (the value head of a learner without value
-            if id(p) not in stepped:  # loss) is frozen, so that DeepSpeed neither reduces nor shards a gradient for it
-                p.requires_grad_(False)
+        _whole_model_only(module, params, "deepspeed")
         self.module, self.params, self.learning_rate = module, params, learning_rate
         self.stage = config["zero_optimization"]["stage"]
         self.config = _engine_config(config, micro_batch, accumulation) | {
@@ -321,6 +326,193 @@ class ZeroStep:
     def forward_module(self, module: torch.nn.Module) -> torch.nn.Module:
         """What runs the forward passes of the wrapped module: DeepSpeed's engine."""
         return self.engine
+
+
+def _whole_model_only(module: torch.nn.Module, params: list[torch.nn.Parameter], engine: str) -> None:
+    """A sharding engine wraps one whole model: LoRA agents are refused (their adapters share one base, and their
+    Adam states are small), and what the engine never steps (the value head of a learner without value loss) is
+    frozen, so that no gradient is reduced or sharded for it."""
+    if getattr(module, "adapter", None) is not None:  # a LoRA agent's handle (`cory.policy.PolicyWithValueHead`)
+        raise ConfigError(
+            f"hardware.engine={engine} trains whole models (model.lora.enabled=false): LoRA adapters share one "
+            "base and their Adam states are small; use hardware=multi_gpu with LoRA"
+        )
+    stepped = {id(p) for p in params}
+    for p in module.parameters():
+        if id(p) not in stepped:
+            p.requires_grad_(False)
+
+
+def shard(module: torch.nn.Module) -> torch.nn.Module:
+    """`module` sharded in place by FSDP2 (`torch.distributed.fsdp.fully_shard`) over every process: each
+    transformer block (the classes the model lists in `_no_split_modules`, as accelerate's FSDP auto-wrap picks
+    them) is one unit, gathered just before its forward and backward, and the rest (embeddings, tied LM head,
+    final norm, value head) the root unit. Parameters become DTensors sharded on their first dimension. Collective."""
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+
+    blocks = {name for m in module.modules() for name in (getattr(m, "_no_split_modules", None) or [])}
+    for m in list(module.modules()):
+        if type(m).__name__ in blocks:
+            fully_shard(m)
+    fully_shard(module)
+    # FSDP warns once that the policy returns views (logits, values): an in-place op on them would skip its hook.
+    # The losses and scores read them out of place only (tests/test_distributed.py: the update equals torch Adam's).
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
+    if hasattr(module, "generate"):  # generation enters through the root unit, as a forward does (FSDP needs the
+        register_fsdp_forward_method(module, "generate")  # root's forward first, e.g. a resumed run's first rollout)
+    return module
+
+
+def _units(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """The FSDP units of a sharded module (`shard`), root first."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in module.modules() if isinstance(m, FSDPModule)]
+
+
+class FsdpStep:
+    """PyTorch FSDP2 around one policy (`shard`): the weights, gradients and torch Adam's moments sharded over the
+    processes (ZeRO-3's layout, in PyTorch itself). Each backward reduce-scatters the gradients (their mean over
+    processes, FSDP's default divisor); `step` checks them finite on every process, clips by the global norm and
+    steps torch's Adam on each process's shard.
+
+    As `ZeroStep`, the module is sharded at the engine's first use, which every process reaches at the same point,
+    generation runs on gathered weights with resharding after each forward turned off (one gather per rollout;
+    the processes need not generate in lockstep), and the checkpoint is gathered into torch's formats."""
+
+    sharded = True  # the Adam state lives in pieces: every process takes part in a checkpoint (`state_dict`)
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        params: list[torch.nn.Parameter],
+        learning_rate: float,
+        max_grad_norm: float | None,
+        accumulation: int,
+    ) -> None:
+        _whole_model_only(module, params, "fsdp")
+        index = {id(p): name for name, p in module.named_parameters()}
+        self.names = [index[id(p)] for p in params]  # sharding replaces the parameters: found again by name
+        self.module, self.learning_rate, self.max_grad_norm = module, learning_rate, max_grad_norm
+        self.accumulation = accumulation
+        self._optimizer: torch.optim.Optimizer | None = None
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """torch's Adam over this process's shards; the module is sharded at the first use (collective)."""
+        if self._optimizer is None:
+            shard(self.module)
+            named = dict(self.module.named_parameters())
+            self.params = [named[n] for n in self.names]
+            self._optimizer = adam(self.params, self.learning_rate)
+        return self._optimizer
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Accumulate the gradient of one minibatch's loss (÷ the backward calls per step, as TRL); FSDP
+        reduce-scatters it, each process keeping the mean over processes of its shard."""
+        self.optimizer  # noqa: B018 -- sharded before the first forward (`forward_module` did it already)
+        (loss / self.accumulation).backward()
+
+    def step(self) -> bool:
+        """Clip by the global norm and step; a non-finite gradient on any process's shard skips the step on every
+        process (False), as `AdamStep` skips it."""
+        grads = [local(p.grad) for p in self.params if p.grad is not None]
+        if not all(distributed.every(runtime.all_finite(grads))):
+            self.optimizer.zero_grad()
+            return False
+        if self.max_grad_norm is not None:  # the norm of the whole gradient (FSDP sums the shards' squares)
+            torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        return True
+
+    @contextlib.contextmanager
+    def whole(self, modify: bool = False) -> Iterator[None]:
+        """Every weight of the module whole on every process for the duration (collective): each sharded parameter
+        is gathered (`DTensor.full_tensor`) and stands in for it on its modules, so `state_dict`, `named_parameters`
+        and loading read and write whole tensors; `modify`: what is written into them is kept (every process must
+        write the same values: each keeps its own piece on exit). No forward pass may run inside (FSDP's hooks
+        would gather into the sharded parameters). A no-op before the module is sharded."""
+        if self._optimizer is None:
+            yield
+            return
+        owners = [
+            (m, name, p) for m in self.module.modules() for name, p in m._parameters.items() if isinstance(p, DTensor)
+        ]
+        stand_ins: dict[int, torch.nn.Parameter] = {}
+        for _, _, p in owners:  # a tied weight is one DTensor on two modules: gathered once, stood in on both
+            if id(p) not in stand_ins:
+                stand_ins[id(p)] = torch.nn.Parameter(p.full_tensor(), requires_grad=p.requires_grad)
+        for m, name, p in owners:
+            m._parameters[name] = stand_ins[id(p)]
+        try:
+            yield
+        finally:
+            for m, name, p in owners:
+                m._parameters[name] = p
+        if modify:
+            with torch.no_grad():
+                for _, _, p in owners:
+                    full = stand_ins.pop(id(p), None)
+                    if full is not None:
+                        p.to_local().copy_(distribute_tensor(full.detach(), p.device_mesh, p.placements).to_local())
+
+    @contextlib.contextmanager
+    def generating(self) -> Iterator[None]:
+        """Generation on gathered weights: every unit gathered once and not resharded after each forward (otherwise
+        every layer of every token would gather again, in lockstep across processes). A no-op before sharding."""
+        if self._optimizer is None:
+            yield
+            return
+        units = _units(self.module)
+        for unit in units:
+            unit.set_reshard_after_forward(False, recurse=False)
+            unit.unshard()
+        try:
+            yield
+        finally:
+            for unit in units:
+                unit.set_reshard_after_forward(True, recurse=False)
+                unit.reshard()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Adam's state gathered into torch's `state_dict` format (parameter i = `params[i]`). Collective."""
+        optimizer = self.optimizer
+        state: dict[int, dict[str, torch.Tensor]] = {}
+        for i, p in enumerate(self.params):
+            if p in optimizer.state:
+                saved = optimizer.state[p]
+                state[i] = {k: _full(v) for k, v in saved.items()}
+        group = {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}
+        return {"state": state, "param_groups": [group | {"params": list(range(len(self.params)))}]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Inverse of `state_dict`: each process keeps its piece of each moment. Collective."""
+        self.reset(self.learning_rate)
+        optimizer = self.optimizer
+        for i, saved in state["state"].items():
+            p = self.params[int(i)]
+            optimizer.state[p] = {
+                k: distribute_tensor(v.to(p.device), p.device_mesh, p.placements) if v.dim() > 0 else v.clone()
+                for k, v in saved.items()
+            }
+
+    def reset(self, learning_rate: float) -> None:
+        """A fresh Adam (no moments, step 0) at `learning_rate`."""
+        self.learning_rate = learning_rate
+        if self._optimizer is not None:
+            self._optimizer = adam(self.params, learning_rate)
+
+    def forward_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        """What runs the forward passes of the wrapped module: the sharded module itself."""
+        self.optimizer  # noqa: B018 -- sharded at the first use
+        return module
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """A whole CPU copy of an optimiser tensor (gathered from the shards: collective)."""
+    whole = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+    return whole.detach().to("cpu", copy=True)
 
 
 def _engine_config(config: dict[str, Any], micro_batch: int, accumulation: int) -> dict[str, Any]:

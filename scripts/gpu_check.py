@@ -1,7 +1,7 @@
 """The one GPU check a person runs once on a CUDA machine (`make gpu-check`, about 2–3 minutes on one GPU).
 
     pip install -r requirements.txt -r requirements-gpu.txt   # bitsandbytes, vLLM (and a CUDA torch)
-    python scripts/gpu_check.py [--out DIR] [--skip vllm,ddp,zero2,zero3] [--ratio "OVERRIDES"] [4-bit runs' overrides]
+    python scripts/gpu_check.py [--out DIR] [--skip vllm,ddp,zero2,zero3,fsdp] [--ratio "OVERRIDES"] [overrides]
 
 Checks, each reported as one row of a table (and all of it as JSON in `DIR/gpu_check.json`; `DIR` defaults to
 `$OUT`, else `outputs/gpu_check/<time>`):
@@ -15,9 +15,9 @@ Checks, each reported as one row of a table (and all of it as JSON in `DIR/gpu_c
 3. `vllm_vs_hf`: the vLLM rollout backend against Hugging Face `generate`, same prompts, greedy, fp32 in both, on
    SmolLM2-135M (the tiny Llama when its files are not available): how many responses have identical text.
 4. `ddp`: with more than one visible GPU, a smoke run launched data-parallel on all of them (`accelerate launch`).
-   `zero2`, `zero3`: a CORY smoke run (two fully fine-tuned agents) under DeepSpeed ZeRO-2 / ZeRO-3 with bf16 on
-   every visible GPU (`torchrun`; one GPU is a group of one): iterations done, s/iteration, peak GPU memory of
-   rank 0, every logged number finite.
+   `zero2`, `zero3`, `fsdp`: a CORY smoke run (two fully fine-tuned agents) under DeepSpeed ZeRO-2 / ZeRO-3 /
+   PyTorch FSDP2 with bf16 on every visible GPU (`torchrun`; one GPU is a group of one): iterations done,
+   s/iteration, peak GPU memory of rank 0, every logged number finite.
 5. `cory_ppo_ratio`: `scripts/benchmark.py` at the paper's batch of 256 (SmolLM2-135M on IMDB, 16 new tokens, one
    minibatch of 256): CORY's s/iteration over PPO's, and both peaks of GPU memory. `--ratio "..."` replaces those
    overrides (another model or task at the same batch). Without vLLM installed its row says so and is skipped.
@@ -198,11 +198,14 @@ def ddp(out: Path, gpus: int) -> dict:
     return {"processes": gpus, "iterations": len(steps), "s_per_iter": sum(r["time/iteration_s"] for r in steps) / 2}
 
 
-def zero(out: Path, gpus: int, stage: int) -> dict:
-    """CORY's smoke run under DeepSpeed ZeRO-`stage` (bf16) on every visible GPU."""
-    run_dir = out / f"zero{stage}"
+SHARDED = {"zero2": "deepspeed_zero2", "zero3": "deepspeed_zero3", "fsdp": "fsdp"}  # check → hardware option
+
+
+def sharded(out: Path, gpus: int, name: str) -> dict:
+    """CORY's smoke run under the sharding engine `name` (`SHARDED`; bf16) on every visible GPU."""
+    run_dir = out / name
     args = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(gpus), "-m", "cory.train"]
-    overrides = ["experiment=smoke", "algorithm=cory", "model.lora.enabled=false", f"hardware=deepspeed_zero{stage}"]
+    overrides = ["experiment=smoke", "algorithm=cory", "model.lora.enabled=false", f"hardware={SHARDED[name]}"]
     _python([*args, *overrides, *RUN, f"hydra.run.dir={run_dir}"])
     rows = _rows(run_dir)
     steps = [r for r in rows if "time/iteration_s" in r]
@@ -246,7 +249,7 @@ def summary(name: str, result: dict) -> str:
         return f"{result['identical']}/{result['prompts']} identical greedy texts ({result['model']})"
     if name == "ddp":
         return f"{result['processes']} processes, {result['iterations']} iterations, {result['s_per_iter']:.2f} s/it"
-    if name in ("zero2", "zero3"):
+    if name in SHARDED:
         finite = "finite" if result["all_finite"] else "NON-FINITE"
         speed = f"{result['iterations']} iterations, {result['s_per_iter']:.2f} s/it"
         memory = f", {result['peak_mb']:.0f} MiB peak" if "peak_mb" in result else ""  # older runs did not say
@@ -284,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="folder of the JSON and the runs (default $OUT)")
     parser.add_argument(
-        "--skip", default="", help="comma-separated checks to leave out: lora,bf16,vllm,ddp,zero2,zero3,ratio"
+        "--skip", default="", help="comma-separated checks to leave out: lora,bf16,vllm,ddp,zero2,zero3,fsdp,ratio"
     )
     parser.add_argument(
         "--ratio",
@@ -316,9 +319,9 @@ def main(argv: list[str] | None = None) -> int:
     if "ddp" not in skip:
         one = {"status": "skipped", "reason": "one GPU visible"}
         results["ddp"] = run_check(lambda: ddp(out, gpus)) if gpus > 1 else one
-    for stage in (2, 3):
-        if f"zero{stage}" not in skip:
-            results[f"zero{stage}"] = run_check(lambda stage=stage: zero(out, gpus, stage))
+    for name in SHARDED:
+        if name not in skip:
+            results[name] = run_check(lambda name=name: sharded(out, gpus, name))
     if "ratio" not in skip:
         ratio = shlex.split(args.ratio) if args.ratio is not None else RATIO
         results["cory_ppo_ratio"] = run_check(lambda: cory_ppo_ratio(ratio))

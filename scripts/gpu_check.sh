@@ -5,7 +5,7 @@
 # exits 0.
 #
 #   pip install -r requirements.txt -r requirements-gpu.txt   # bitsandbytes, vLLM (and a CUDA torch)
-#   bash scripts/gpu_check.sh [--skip vllm,ddp,zero2,zero3] [Hydra overrides for the 4-bit runs]
+#   bash scripts/gpu_check.sh [--skip vllm,ddp,zero2,zero3,fsdp] [Hydra overrides for the 4-bit runs]
 #
 # Everything is in scripts/gpu_check.py; this wrapper only picks the interpreter.
 set -euo pipefail

@@ -36,7 +36,7 @@ GROUPS = {
 EXPERIMENTS = sorted(p.stem for p in (Path(CONF_DIR) / "experiment").glob("*.yaml"))
 REWARDS = sorted(p.stem for p in (Path(CONF_DIR) / "task" / "reward").glob("*.yaml"))  # nested group of task
 SWEEPS = sorted(p.stem for p in (Path(CONF_DIR) / "sweep").glob("*.yaml"))
-GPU_HARDWARE = {"gpu", "multi_gpu", "deepspeed_zero2", "deepspeed_zero3"}
+GPU_HARDWARE = {"gpu", "multi_gpu", "deepspeed_zero2", "deepspeed_zero3", "fsdp"}
 CUDA_MESSAGE = "hardware.device=cuda but CUDA is not available; use hardware=cpu"
 FOUR_BIT_MESSAGE = "model.load_in_4bit=true needs CUDA"  # the Llama-2 configs are 4-bit (docs/method.md §3.3)
 # Learner values PPO and CORY may set differently, per task, each from a `cory/conf/tuning/<algorithm>_<task>.yaml`

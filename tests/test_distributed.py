@@ -24,6 +24,8 @@
    1., each gives the update of torch's Adam on one process with the whole batch (same tolerance), and the engines
    resume each other's checkpoints (long); a 2-process ZeRO-3 run resumes exactly (long). Under ZeRO-3 the weight
    check reads each process's shard. LoRA under ZeRO is refused in one line.
+4. PyTorch FSDP2 (`hardware=fsdp`): the same tests as ZeRO-3 (one process = torch's Adam, 2 processes = one with
+   the whole batch and half of the weights and moments each, checkpoints shared with torch's Adam, exact resume).
 Run: `python -m pytest tests/test_distributed.py`.
 """
 
@@ -40,6 +42,7 @@ import pytest
 import torch
 from helpers.compose import compose_cfg
 from helpers.runners import start_run
+from torch.distributed.tensor import DTensor
 
 from cory import build, distributed, engines
 from cory.errors import ConfigError, NonFiniteError
@@ -120,15 +123,22 @@ def test_a_deepspeed_file_whose_precision_disagrees_is_refused(tmp_path: Path) -
         distributed.deepspeed_config(hardware.hardware)
 
 
-def test_under_zero3_the_weight_check_reads_each_process_shard(tmp_path: Path, monkeypatch) -> None:
-    """ZeRO-3 leaves each parameter an empty placeholder outside a gather; the trainer's check after every step
-    reads this process's shard of it (`engines.local`), so a NaN in a shard stops the run in one line."""
+@pytest.mark.parametrize("engine", ["zero3", "fsdp"])
+def test_under_sharded_weights_the_weight_check_reads_each_process_shard(
+    tmp_path: Path, monkeypatch, engine: str
+) -> None:
+    """ZeRO-3 leaves each parameter an empty placeholder outside a gather, FSDP a DTensor whose local piece is this
+    process's shard; the trainer's check after every step reads that shard (`engines.local`), so a NaN in a shard
+    stops the run in one line."""
     real_learn = Agent.learn
 
     def learn(self, rollout, scores):
         out = real_learn(self, rollout, scores)
         param = self.trainable_parameters()[0]
-        assert param.numel() == 0 and engines.local(param).numel() > 0  # sharded: the placeholder holds nothing
+        if engine == "zero3":
+            assert param.numel() == 0 and engines.local(param).numel() > 0  # sharded: the placeholder holds nothing
+        else:
+            assert isinstance(param, DTensor) and engines.local(param).numel() > 0
         with torch.no_grad():
             engines.local(param).view(-1)[0] = float("nan")
         return out
@@ -136,7 +146,7 @@ def test_under_zero3_the_weight_check_reads_each_process_shard(tmp_path: Path, m
     monkeypatch.setattr(Agent, "learn", learn)
     try:
         with pytest.raises(NonFiniteError, match=r"^iteration 0 left non-finite weights \(llm1/") as err:
-            start_run(tmp_path, tmp_path / "run", "algorithm=ppo", "model.lora.enabled=false", *zero_cpu(3))
+            start_run(tmp_path, tmp_path / "run", "algorithm=ppo", "model.lora.enabled=false", *sharded_cpu(engine))
     finally:
         distributed.close()  # the group of one the run joined (an exception ends a real run's process)
     assert "\n" not in str(err.value)
@@ -148,10 +158,12 @@ def test_under_zero3_the_weight_check_reads_each_process_shard(tmp_path: Path, m
 SHARD_EVERYTHING = ROOT / "tests" / "helpers" / "zero3_shard_everything.json"
 
 
-def zero_cpu(stage: int) -> tuple[str, ...]:
-    """A ZeRO run on the CPU: fp32 (no bf16 autocast there), whole models (LoRA is refused under ZeRO)."""
-    shard = (f"hardware.deepspeed_config={SHARD_EVERYTHING}",) if stage == 3 else ()
-    return (f"hardware=deepspeed_zero{stage}", "hardware.device=cpu", "hardware.precision=fp32", *shard)
+def sharded_cpu(engine: str) -> tuple[str, ...]:
+    """A run of a sharding engine (zero2, zero3, fsdp) on the CPU: fp32 (no bf16 autocast there); the tests pass
+    model.lora.enabled=false where the model would have adapters (LoRA is refused under ZeRO and FSDP)."""
+    shard = (f"hardware.deepspeed_config={SHARD_EVERYTHING}",) if engine == "zero3" else ()
+    option = engine if engine == "fsdp" else f"deepspeed_{engine}"
+    return (f"hardware={option}", "hardware.device=cpu", "hardware.precision=fp32", *shard)
 
 
 def _adam_state(path: Path) -> torch.Tensor:
@@ -159,16 +171,17 @@ def _adam_state(path: Path) -> torch.Tensor:
     return torch.cat([state[i][k].flatten() for i in sorted(state) for k in ("exp_avg", "exp_avg_sq")])
 
 
-@pytest.mark.parametrize("stage", [2, 3])
-def test_zero_on_one_process_trains_as_torch_adam(tmp_path: Path, stage: int) -> None:
-    """Without a launcher, ZeRO joins a process group of one; the run's metrics are those of torch's Adam (fused
-    kernel vs DeepSpeed's flat shard: float32 rounding only), with the official swap's fresh Adam at every role
-    exchange (`engine.reset`), and its checkpoint is in torch's format. ZeRO-3 also samples on gathered weights
-    and scores with a sharded reference, so equal rewards and KL mean equal generations and equal π0."""
+@pytest.mark.parametrize("engine", ["zero2", "zero3", "fsdp"])
+def test_sharding_on_one_process_trains_as_torch_adam(tmp_path: Path, engine: str) -> None:
+    """Without a launcher, ZeRO and FSDP join a process group of one; the run's metrics are those of torch's Adam
+    (fused kernel vs DeepSpeed's flat shard: float32 rounding only), with the official swap's fresh Adam at every
+    role exchange (`engine.reset`), and its checkpoint is in torch's format. ZeRO-3 and FSDP also sample on
+    gathered weights and score with a sharded reference, so equal rewards and KL mean equal generations and equal
+    π0."""
     base = [sys.executable, "-m", "cory.train", "experiment=smoke", "algorithm=cory", "model.lora.enabled=false"]
     base += ["iterations=3", "progress=false", "save_every=3"]
     base += ["algorithm.swap_period=2", "algorithm.faithful_official_swap=true"]  # a fresh Adam after iteration 2
-    _run([*base, *zero_cpu(stage), f"hydra.run.dir={tmp_path / 'zero'}"])
+    _run([*base, *sharded_cpu(engine), f"hydra.run.dir={tmp_path / 'zero'}"])
     _run([*base, f"hydra.run.dir={tmp_path / 'adam'}"])
     rows = [
         [json.loads(r) for r in (tmp_path / d / "metrics.jsonl").read_text().splitlines()] for d in ("zero", "adam")
@@ -197,33 +210,41 @@ def test_zero_on_one_process_trains_as_torch_adam(tmp_path: Path, stage: int) ->
         )
 
 
-def test_zero_with_lora_adapters_is_refused_in_one_line() -> None:
-    """LoRA agents share one base module (and their Adam states are small): ZeRO wraps whole models only."""
+def test_sharding_with_lora_adapters_is_refused_in_one_line() -> None:
+    """LoRA agents share one base module (and their Adam states are small): ZeRO and FSDP wrap whole models only."""
     backbone = build.build_backbone(compose_cfg(["experiment=smoke", "model.lora.enabled=true"]).model, "cpu")
     handle = backbone.policy("llm1", init_seed=0)
     with pytest.raises(ConfigError, match="model.lora.enabled=false") as err:
         engines.ZeroStep(handle, handle.trainable_parameters(), 1e-3, 1.0, 4, 1, {"zero_optimization": {"stage": 2}})
     assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="hardware.engine=fsdp trains whole models") as err:
+        engines.FsdpStep(handle, handle.trainable_parameters(), 1e-3, 1.0, 1)
+    assert "\n" not in str(err.value)
 
 
-def test_maft_under_zero_is_refused_in_one_line(tmp_path: Path) -> None:
-    """MAFT fine-tunes with TRL's SFTTrainer, which the ZeRO engines do not wrap: a ZeRO option would be ignored."""
+@pytest.mark.parametrize("engine", ["zero2", "fsdp"])
+def test_maft_under_sharding_is_refused_in_one_line(tmp_path: Path, engine: str) -> None:
+    """MAFT fine-tunes with TRL's SFTTrainer, which the ZeRO and FSDP engines do not wrap: the option would be
+    ignored."""
     try:
         with pytest.raises(ConfigError, match="algorithm=maft .* hardware=cpu or gpu") as err:
-            start_run(tmp_path, tmp_path / "run", "experiment=maft_smoke", *zero_cpu(2))
+            start_run(tmp_path, tmp_path / "run", "experiment=maft_smoke", *sharded_cpu(engine))
     finally:
         distributed.close()
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("engine", ["zero3", "fsdp"])
 @pytest.mark.parametrize("algorithm", ["grpo", "cory_cc"])
-def test_learners_without_a_value_loss_train_under_zero3_as_under_torch_adam(tmp_path: Path, algorithm: str) -> None:
+def test_learners_without_a_value_loss_train_sharded_as_under_torch_adam(
+    tmp_path: Path, algorithm: str, engine: str
+) -> None:
     """GRPO's agents and the centralised critic's actors step every weight but their unused value head: the engine
     freezes what it does not step, and the run (for CORY-CC also the critic, a third engine) logs torch Adam's
     metrics."""
     base = [sys.executable, "-m", "cory.train", "experiment=smoke", f"algorithm={algorithm}"]
     base += ["model.lora.enabled=false", "iterations=2", "progress=false", "save_every=0"]
-    _run([*base, *zero_cpu(3), f"hydra.run.dir={tmp_path / 'zero'}"])
+    _run([*base, *sharded_cpu(engine), f"hydra.run.dir={tmp_path / 'zero'}"])
     _run([*base, f"hydra.run.dir={tmp_path / 'adam'}"])
     rows = [
         [json.loads(r) for r in (tmp_path / d / "metrics.jsonl").read_text().splitlines()] for d in ("zero", "adam")
@@ -236,13 +257,16 @@ def test_learners_without_a_value_loss_train_under_zero3_as_under_torch_adam(tmp
 
 
 @pytest.mark.long
-@pytest.mark.parametrize("stage", [2, 3])
-def test_zero_on_two_processes_updates_as_one_process_and_shares_its_checkpoints(tmp_path: Path, stage: int) -> None:
-    """DeepSpeed ZeRO (Adam sharded over 2 gloo processes, ZeRO-3: the weights and the reference too; CORY's two
-    agents fully fine-tuned, each its own engine) against torch's Adam in one process with the whole batch, on the
-    fixed rollouts of the test above and with its tolerance (the same float32 reordering: DeepSpeed reduces, clips
-    and steps the flat shards).
-    Then the checkpoints: ZeRO saves Adam in torch's format (gathered from the shards), so each engine resumes
+@pytest.mark.parametrize("engine", ["zero2", "zero3", "fsdp"])
+def test_sharding_on_two_processes_updates_as_one_process_and_shares_its_checkpoints(
+    tmp_path: Path, engine: str
+) -> None:
+    """DeepSpeed ZeRO (Adam sharded over 2 gloo processes, ZeRO-3: the weights and the reference too) and FSDP
+    (weights, gradients, Adam and the reference sharded), CORY's two agents fully fine-tuned, each its own engine,
+    against torch's Adam in one process with the whole batch, on the fixed rollouts of the test above and with its
+    tolerance (the same float32 reordering: DeepSpeed reduces, clips and steps the flat shards; FSDP
+    reduce-scatters and clips by the norm summed over shards).
+    Then the checkpoints: both save Adam in torch's format (gathered from the shards), so each engine resumes
     the other's checkpoint and takes the same next update."""
     one, two = tmp_path / "one", tmp_path / "two"
     _run(
@@ -253,24 +277,24 @@ def test_zero_on_two_processes_updates_as_one_process_and_shares_its_checkpoints
             "cory",
             "--emulate",
             "2",
-            "--zero",
-            f"{stage}",
+            "--shard",
+            engine,
             "--save",
             str(one / "ck"),
         ]
     )
     launch = [_torchrun(), "--standalone", "--nproc_per_node", "2", str(WORKER)]
-    _run([*launch, str(two), "cory", "--zero", f"{stage}", "--save", str(two / "ck")])
+    _run([*launch, str(two), "cory", "--shard", engine, "--save", str(two / "ck")])
     ref, ranks = torch.load(one / "rank0.pt"), [torch.load(two / f"rank{r}.pt") for r in (0, 1)]
     for name in ("llm1", "llm2"):
         got = _flat(ranks[0][name]["params"])
         assert torch.equal(got, _flat(ranks[1][name]["params"]))  # the same weights on every process
         assert ranks[0][name]["adam_steps"] == ref[name]["adam_steps"] == 2.0
         assert ranks[0][name]["kl_coef"] == pytest.approx(ref[name]["kl_coef"], rel=1e-9, abs=0)
-        whole = ref[name]["adam_bytes"]  # each process holds half of Adam's moments (DeepSpeed pads its shards)
+        whole = ref[name]["adam_bytes"]  # each process holds half of Adam's moments (both engines pad shards)
         assert whole > 0 and all(0.45 * whole <= r[name]["adam_bytes"] <= 0.55 * whole for r in ranks)
-        weights = ref[name]["weight_bytes"]  # ZeRO-3: and half of the weights; ZeRO-2: all of them
-        share = (0.45, 0.55) if stage == 3 else (1.0, 1.0)
+        weights = ref[name]["weight_bytes"]  # ZeRO-3, FSDP: and half of the weights; ZeRO-2: all of them
+        share = (1.0, 1.0) if engine == "zero2" else (0.45, 0.55)
         assert all(share[0] * weights <= r[name]["weight_bytes"] <= share[1] * weights for r in ranks)
         diff = (got - _flat(ref[name]["params"])).abs()
         assert diff.max() <= 2e-2 * LEARNING_RATE, (name, diff.max())
@@ -286,13 +310,13 @@ def test_zero_on_two_processes_updates_as_one_process_and_shares_its_checkpoints
             "cory",
             "--emulate",
             "2",
-            "--zero",
-            f"{stage}",
+            "--shard",
+            engine,
             "--load",
             str(two / "ck"),
         ]
     )
-    _run([*launch, str(two / "next"), "cory", "--zero", f"{stage}", "--load", str(one / "ck")])
+    _run([*launch, str(two / "next"), "cory", "--shard", engine, "--load", str(one / "ck")])
     ref, got = torch.load(one / "next" / "rank0.pt"), torch.load(two / "next" / "rank0.pt")
     for name in ("llm1", "llm2"):
         assert ref[name]["adam_steps"] == got[name]["adam_steps"] == 4.0  # the step count was restored
@@ -329,15 +353,15 @@ def test_two_gloo_processes_stay_in_sync(tmp_path: Path, algorithm: str) -> None
 
 
 @pytest.mark.long
-@pytest.mark.parametrize("engine", ["accelerate", "zero2", "zero3"])
+@pytest.mark.parametrize("engine", ["accelerate", "zero2", "zero3", "fsdp"])
 def test_a_two_process_cory_run_resumes_exactly(tmp_path: Path, engine: str) -> None:
     """`cory.train` on 2 processes, checkpoint every iteration; resumed from the first checkpoint, it logs the same
     rows again. Each process samples its own slice with its own RNG streams (seed + rank), so a checkpoint holds
     every process's streams, and rank 0 alone truncates the logs (a late truncation by another process dropped
-    rank 0's new rows). Under ZeRO the Adam shards (ZeRO-3: and the weights) are gathered into the checkpoint and
-    scattered back; under ZeRO-3 every process takes part in the evaluations."""
+    rank 0's new rows). Under ZeRO and FSDP the Adam shards (ZeRO-3, FSDP: and the weights) are gathered into the
+    checkpoint and scattered back; under ZeRO-3 and FSDP every process takes part in the evaluations."""
     run_dir = tmp_path / "run"
-    hardware = (*zero_cpu(int(engine[-1])), "model.lora.enabled=false") if engine.startswith("zero") else ()
+    hardware = (*sharded_cpu(engine), "model.lora.enabled=false") if engine != "accelerate" else ()
     cmd = [_torchrun(), "--standalone", "--nproc_per_node", "2", "-m", "cory.train", "experiment=smoke"]
     _run(
         [
@@ -356,8 +380,8 @@ def test_a_two_process_cory_run_resumes_exactly(tmp_path: Path, engine: str) -> 
     first = (run_dir / "metrics.jsonl").read_text().splitlines()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["completed"]
-    # every process holds the same whole weights; under ZeRO-3 each holds its own shard, so there is nothing to compare
-    assert summary.get("weights_in_sync") is (None if engine == "zero3" else True)
+    # every process holds the same whole weights; under ZeRO-3 and FSDP each holds its own shard: nothing to compare
+    assert summary.get("weights_in_sync") is (None if engine in ("zero3", "fsdp") else True)
     for later in ("iter_000002", "iter_000003"):
         shutil.rmtree(run_dir / "checkpoints" / later)
     _run([*cmd[:-1], "resume=" + str(run_dir)])

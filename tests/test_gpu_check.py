@@ -42,6 +42,7 @@ def test_table_and_json_from_faked_measurements(tmp_path) -> None:
         "ddp": {"status": "skipped", "reason": "one GPU visible"},
         "zero2": {"processes": 1, "iterations": 2, "s_per_iter": 0.4, "all_finite": True},
         "zero3": {"processes": 1, "iterations": 2, "s_per_iter": 0.9, "peak_mb": 1234.5, "all_finite": True},
+        "fsdp": {"processes": 2, "iterations": 2, "s_per_iter": 0.7, "peak_mb": 999.0, "all_finite": True},
         "cory_ppo_ratio": {"status": "failed", "error": "benchmark.py exited with 1"},
     }
     table = gpu_check.report(results, tmp_path / "out", "1 × NVIDIA H200")
@@ -54,6 +55,7 @@ def test_table_and_json_from_faked_measurements(tmp_path) -> None:
         "  ddp             skipped: one GPU visible",
         "  zero2           1 processes, 2 iterations, 0.40 s/it, finite",
         "  zero3           1 processes, 2 iterations, 0.90 s/it, 1234 MiB peak, finite",
+        "  fsdp            2 processes, 2 iterations, 0.70 s/it, 999 MiB peak, finite",
         "  cory_ppo_ratio  FAILED: benchmark.py exited with 1",
     ]
     saved = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
@@ -109,10 +111,16 @@ def test_main_skips_vllm_when_absent_and_takes_the_ratio_overrides(tmp_path, mon
     monkeypatch.setattr(gpu_check, "train_runs", lambda out, extra=(): {"lora_4bit_ppo": run, "lora_4bit_cory": run})
     monkeypatch.setattr(gpu_check, "bf16_vs_fp32", lambda: {"max_abs_dlogp": 0.01, "max_rel_dkl_seq": 0.1})
     monkeypatch.setattr(gpu_check, "vllm_vs_hf", lambda out: pytest.fail("vLLM check ran without vLLM"))
+    iterations = {"zero2": 2, "zero3": 3, "fsdp": 4}
     monkeypatch.setattr(
         gpu_check,
-        "zero",
-        lambda out, gpus, stage: {"processes": gpus, "iterations": stage, "s_per_iter": 1.0, "all_finite": True},
+        "sharded",
+        lambda out, gpus, name: {
+            "processes": gpus,
+            "iterations": iterations[name],
+            "s_per_iter": 1.0,
+            "all_finite": True,
+        },
     )
     ratio = {"ratio": 2.0, "ppo_s_per_iter": 1.0, "cory_s_per_iter": 2.0, "ppo_peak_mb": 1.0, "cory_peak_mb": 2.0}
     monkeypatch.setattr(gpu_check, "cory_ppo_ratio", lambda overrides: seen.setdefault("ratio", overrides) and ratio)
@@ -122,7 +130,7 @@ def test_main_skips_vllm_when_absent_and_takes_the_ratio_overrides(tmp_path, mon
     checks = json.loads((tmp_path / "gpu_check.json").read_text())["checks"]
     assert checks["vllm_vs_hf"] == {"status": "skipped", "reason": gpu_check.NO_VLLM}
     assert checks["ddp"]["status"] == "skipped"
-    assert checks["zero2"]["iterations"] == 2 and checks["zero3"]["iterations"] == 3  # each stage its own run
+    assert [checks[name]["iterations"] for name in iterations] == [2, 3, 4]  # each engine its own run
     assert seen["ratio"] == ["experiment=imdb_gpt2", "task.max_new_tokens=[16,16]"]
 
 

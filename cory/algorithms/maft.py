@@ -140,9 +140,10 @@ class MAFT:
         _check(finetune_from in ("previous", "base"), f"algorithm.finetune_from={finetune_from!r}: previous, base")
         _check(log_samples >= 0, f"algorithm.log_samples={log_samples}: must be >= 0")
         _check(
-            distributed.deepspeed() is None,
-            "algorithm=maft fine-tunes with TRL's SFTTrainer, which DeepSpeed does not shard here: "
-            "hardware=deepspeed_zero2|3 applies to the PPO-family learners; use hardware=cpu or gpu",
+            not distributed.sharded(),
+            "algorithm=maft fine-tunes with TRL's SFTTrainer, which DeepSpeed and FSDP do not shard here: "
+            "hardware=deepspeed_zero2|deepspeed_zero3|fsdp applies to the PPO-family learners; "
+            "use hardware=cpu or gpu",
         )
         self.seed, self.store = context.settings.seed, RunStore(context.run_dir)
         self.num_agents, self.debate_rounds = num_agents, debate_rounds

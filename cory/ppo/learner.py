@@ -420,7 +420,7 @@ class Agent:
         """The torch Adam that steps this agent's parameters (under ZeRO: this process's shard of them)."""
         return self.engine.optimizer
 
-    def _new_engine(self) -> engines.AdamStep | engines.ZeroStep:
+    def _new_engine(self) -> engines.AdamStep | engines.ZeroStep | engines.FsdpStep:
         """Adam over the trainable parameters, on every process or sharded by ZeRO (`cory/engines.py`, the run's
         hardware option): torch defaults, no weight decay, constant learning rate (docs/method.md §2.1)."""
         cfg = self.config

@@ -136,7 +136,9 @@ class VLLMEngine:
         if distributed.world_size() > 1:
             raise ConfigError("rollout=vllm runs in one process; data-parallel runs need rollout=hf")
         if distributed.sharded_weights():
-            raise ConfigError("rollout=vllm reads whole weights; hardware=deepspeed_zero3 shards them: use rollout=hf")
+            raise ConfigError(
+                "rollout=vllm reads whole weights; hardware=deepspeed_zero3|fsdp shard them: use rollout=hf"
+            )
         self.backbone, self.settings, self.device, self.seed = backbone, settings, torch.device(device), seed
         self.llm = None
         self.owner: str | None = None  # full fine-tuning: whose weights the engine holds

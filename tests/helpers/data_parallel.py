@@ -5,9 +5,9 @@
 Each writes OUT/rank<r>.pt: every agent's trainable parameters, Adam's step count and β after `learn`.
 The agents are built as a run builds them (`experiment=smoke`; CORY: two LoRA adapters on one base, the reference
 that base with adapters disabled) and the engine is joined as a run joins it (`cory.distributed.setup`).
-`--zero 2|3`: full fine-tuning (CORY: two whole copies), and under `torchrun` the DeepSpeed ZeRO engine of that
-stage (`hardware=deepspeed_zero2|3`, fp32 on the CPU; ZeRO-3 also shards the weights and the reference); the
-emulating process keeps torch's Adam, so the two are compared.
+`--shard zero2|zero3|fsdp`: full fine-tuning (CORY: two whole copies), and under `torchrun` that sharding engine
+(`hardware=deepspeed_zero2|deepspeed_zero3|fsdp`, fp32 on the CPU; ZeRO-3 and FSDP also shard the weights and the
+reference); the emulating process keeps torch's Adam, so the two are compared.
 `--save DIR`: each process also takes part in saving the agents after `learn` (`Agent.save`, rank 0 writes
 DIR/<agent>); `--load DIR`: every agent first loads DIR/<agent> (saved by either engine).
 """
@@ -48,18 +48,19 @@ def per_slice_advantages(agent: Agent, slices: int):
     return advantages
 
 
-def main(out: Path, algorithm: str, emulate: int, zero: int, save: Path | None, load: Path | None) -> None:
+def main(out: Path, algorithm: str, emulate: int, shard: str, save: Path | None, load: Path | None) -> None:
     world = int(emulate) or 1
     rows = B * world if emulate else B  # one process holds the whole batch; W processes a slice each
-    zero_hardware = [f"hardware=deepspeed_zero{zero}", "hardware.device=cpu", "hardware.precision=fp32"]
-    if zero == 3:  # every weight sharded, however small (DeepSpeed keeps those under 1e5 elements whole)
-        zero_hardware.append(f"hardware.deepspeed_config={Path(__file__).with_name('zero3_shard_everything.json')}")
+    option = shard if shard == "fsdp" else f"deepspeed_{shard}"
+    shard_hardware = [f"hardware={option}", "hardware.device=cpu", "hardware.precision=fp32"]
+    if shard == "zero3":  # every weight sharded, however small (DeepSpeed keeps those under 1e5 elements whole)
+        shard_hardware.append(f"hardware.deepspeed_config={Path(__file__).with_name('zero3_shard_everything.json')}")
     cfg = compose_cfg(
         [
             "experiment=smoke",
             f"algorithm={algorithm}",
-            f"model.lora.enabled={algorithm == 'cory' and not zero}",
-            *(zero_hardware if zero and not emulate else []),
+            f"model.lora.enabled={algorithm == 'cory' and not shard}",
+            *(shard_hardware if shard and not emulate else []),
             f"algorithm.agent.mini_batch_size={rows}",  # one minibatch per epoch: the whole (local) batch
             "algorithm.agent.ppo_epochs=2",
             "algorithm.agent.max_grad_norm=1.0",  # clipping must see the averaged gradient
@@ -82,25 +83,25 @@ def main(out: Path, algorithm: str, emulate: int, zero: int, save: Path | None, 
         rollout = agent.score_tokens(prompts[sl], responses[sl])
         stats = agent.learn(rollout, scores[sl])
         steps = [s["step"] for s in agent.optimizer.state.values()]
-        with agent.engine.whole():  # ZeRO-3: gathered from the shards
+        with agent.engine.whole():  # ZeRO-3, FSDP: gathered from the shards
             params = {str(k): engines.held(p).clone() for k, p in enumerate(agent.trainable_parameters())}
         result[agent.name] = {
             "params": params,
             "kl_coef": agent.kl_ctl.value,
             "adam_steps": float(steps[0]),
             "policy_loss": stats["policy_loss"],
-            # the trainable weights this process holds (under ZeRO-3 its shard of them)
+            # the trainable weights this process holds (under ZeRO-3 and FSDP its shard of them)
             "weight_bytes": sum(engines.local(p).numel() * p.element_size() for p in agent.trainable_parameters()),
-            # Adam's moments held by this process (under ZeRO its shard of them)
+            # Adam's moments held by this process (under ZeRO and FSDP its shard of them)
             "adam_bytes": sum(
-                t.numel() * t.element_size()
+                engines.local(t).numel() * t.element_size()
                 for state in agent.optimizer.state.values()
                 for t in state.values()
                 if torch.is_tensor(t) and t.dim() > 0
             ),
         }
         if save is not None:
-            agent.save(save / agent.name)  # collective under ZeRO: every process gathers the Adam state
+            agent.save(save / agent.name)  # collective under ZeRO/FSDP: every process gathers the Adam state
     out.mkdir(parents=True, exist_ok=True)
     torch.save(result | {"world_size": distributed.world_size()}, out / f"rank{distributed.rank()}.pt")
     distributed.close()
@@ -109,5 +110,5 @@ def main(out: Path, algorithm: str, emulate: int, zero: int, save: Path | None, 
 if __name__ == "__main__":
     emulate = int(sys.argv[sys.argv.index("--emulate") + 1]) if "--emulate" in sys.argv else 0
     save, load = (Path(sys.argv[sys.argv.index(f) + 1]) if f in sys.argv else None for f in ("--save", "--load"))
-    zero = int(sys.argv[sys.argv.index("--zero") + 1]) if "--zero" in sys.argv else 0
-    main(Path(sys.argv[1]), sys.argv[2], emulate, zero, save, load)
+    shard = sys.argv[sys.argv.index("--shard") + 1] if "--shard" in sys.argv else ""
+    main(Path(sys.argv[1]), sys.argv[2], emulate, shard, save, load)
