@@ -384,6 +384,22 @@ def test_learn_reports_the_scaled_score_it_used_and_early_stopping():
     assert {float(s["step"]) for s in agent.optimizer.state.values()} == {2.0}  # one epoch of 2 steps, not 3 epochs
 
 
+def test_early_stopping_reads_the_policy_kl_averaged_over_processes(monkeypatch):
+    """With several processes every one must stop at the same epoch (TRL all-reduces the policy KL before its
+    test): the decision reads `distributed.mean` of the epoch's last policy KL, not the local value."""
+    from cory import distributed
+
+    cfg = dataclasses.replace(CFG, early_stopping=True, target_kl=100.0, ppo_epochs=3)
+    local = make_agent(cfg).learn(rollout_for(make_agent(cfg)), SCORES)
+    assert local["early_stopped"] == 0.0  # its own policy KL is under 1.5 × target_kl: no stop
+    seen = []
+    monkeypatch.setattr(distributed, "mean", lambda v: seen.append(v) or 1e3)  # the other processes drifted far
+    agent = make_agent(cfg)
+    stats = agent.learn(rollout_for(agent), SCORES)
+    assert stats["early_stopped"] == 1.0 and seen[0] < 150  # stopped on the mean, not on its own KL
+    assert {float(s["step"]) for s in agent.optimizer.state.values()} == {2.0}  # after the first epoch
+
+
 @pytest.mark.parametrize("precision", ["paper preset", "bf16"])
 def test_paper_presets_score_in_fp32_on_the_tiny_model(precision: str):
     """The precision of `experiment=imdb_gpt2` (and every preset built on it) reaches the agent: its log-probs,

@@ -301,8 +301,10 @@ class Agent:
                     idx = torch.as_tensor(order[m : m + cfg.mini_batch_size])
                     stats.append(self._train_minibatch(rollout, idx, values, advantages, returns))
                 nonfinite_steps += not self._optimizer_step()
-            # TRL checks early stopping once per epoch, on the epoch's last minibatch (§2.7)
-            if cfg.early_stopping and stats[-1]["policykl"] > 1.5 * cfg.target_kl:
+            # TRL checks early stopping once per epoch, on the epoch's last minibatch (§2.7), with the policy KL
+            # averaged over processes, so that every process stops at the same epoch (a process that stopped alone
+            # would leave the others waiting in their next gradient exchange)
+            if cfg.early_stopping and distributed.mean(stats[-1]["policykl"]) > 1.5 * cfg.target_kl:
                 early_stop = True
                 break
         # 5. adaptive KL control on the batch-mean sequence KL (§2.8)
