@@ -126,7 +126,7 @@ class Trainer:
         try:
             self._run_pending_eval()  # before any update, or the one a signal deferred to this resume
             for k in bar:
-                if self.stop_requested:  # the signal came before this iteration (in an evaluation, or it was
+                if self._stopping():  # the signal came before this iteration (in an evaluation, or it was
                     self._stop_before(k, dropped=False)  # never abandonable): save what the run has
                     break
                 bad = self._iteration(k, bar)
@@ -136,8 +136,9 @@ class Trainer:
                 self.iteration = k + 1
                 last = self.iteration == self.s.iterations
                 self.pending_eval = last or bool(self.s.eval_every and self.iteration % self.s.eval_every == 0)
-                if not self.stop_requested:  # on a signal the checkpoint comes first; the resume evaluates
+                if not self._stopping():  # on a signal the checkpoint comes first; the resume evaluates
                     self._run_pending_eval()
+                stop = self._stopping()
                 if bad and self.bad_streak >= self.s.max_bad_iterations:
                     raise NonFiniteError(
                         f"{self.bad_streak} consecutive iterations had a non-finite loss, reward or KL "
@@ -147,9 +148,9 @@ class Trainer:
                 due = self.s.save_every and self.iteration % self.s.save_every == 0
                 final = last and (self.s.save_every or self.s.save_final)
                 # a bad iteration is never checkpointed: resuming restarts from the last good one
-                if not bad and (due or final or self.stop_requested):
+                if not bad and (due or final or stop):
                     self.save_checkpoint()
-                if self.stop_requested:
+                if stop:
                     self._print_stopped(saved=not bad)
                     break
         finally:
@@ -208,6 +209,18 @@ class Trainer:
                 if distributed.is_main():  # the one that evaluated
                     runtime.say(f"[cory] evaluation after {self.iteration} iterations: {shown}")
 
+    def _stopping(self) -> bool:
+        """Whether the run stops here on a stop signal. With several processes, whether any process got one: they
+        must all take the same branch (a checkpoint and the next iteration are collective), and a signal reaches
+        each process at its own moment, not at the same point of the loop. Collective then: every process calls it
+        at the same points."""
+        if distributed.world_size() > 1:
+            names = distributed.every(self.stopped_by if self.stop_requested else None)
+            if any(names) and not self.stop_requested:  # another process's signal stops this one too
+                self.stop_requested, self.stopped_by = True, next(n for n in names if n)
+                preemption.request_stop()
+        return self.stop_requested
+
     def _stop_before(self, k: int, dropped: bool) -> None:
         """Stopped by a signal before iteration k changed anything (`dropped`: it had begun): checkpoint the
         completed iterations, unless the latest checkpoint holds exactly them already, none was done, or the last
@@ -219,6 +232,7 @@ class Trainer:
             and read_state(latest)["metrics_lines"] == self.metrics_lines
         )
         saved = not have and self.iteration > 0 and self.bad_streak == 0
+        saved = distributed.every(saved)[0]  # rank 0's view of the checkpoints it wrote: saving is collective
         if dropped and self._snapshot is not None:  # the step may have stopped half-way through its update
             if saved:  # the snapshot is the state after the completed iterations: it becomes their checkpoint
                 install_checkpoint(self._snapshot, self._checkpoint_path(), self.s.keep_checkpoints)
@@ -253,7 +267,9 @@ class Trainer:
             self._nonfinite_guard(f"the evaluation at iteration {self.iteration}"),
             _restore_rng_if_abandoned() as abandoned,
         ):
-            out = self.algorithm.evaluate(self.iteration, final, lambda: self.stop_requested)
+            # under sharded weights every process evaluates, in step: each stops between parts only when all do
+            stopped = self._stopping if distributed.sharded_weights() else lambda: self.stop_requested
+            out = self.algorithm.evaluate(self.iteration, final, stopped)
             if out is None:  # stopped between its parts: it stays owed, and what it drew is put back
                 raise preemption.Abandoned
         if abandoned.happened:

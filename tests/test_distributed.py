@@ -34,10 +34,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from helpers.compose import compose_cfg
@@ -45,6 +48,7 @@ from helpers.runners import start_run
 from torch.distributed.tensor import DTensor
 
 from cory import build, distributed, engines
+from cory.checkpoints import latest_checkpoint
 from cory.errors import ConfigError, NonFiniteError
 from cory.ppo.learner import Agent
 
@@ -392,3 +396,45 @@ def test_a_two_process_cory_run_resumes_exactly(tmp_path: Path, engine: str) -> 
         return {k: v for k, v in json.loads(row).items() if not k.startswith("time/") and "memory" not in k}
 
     assert [same(r) for r in again] == [same(r) for r in first]
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("engine", ["accelerate", "fsdp"])
+def test_a_stop_signal_that_reaches_one_process_stops_them_all_at_the_same_iteration(
+    tmp_path: Path, engine: str
+) -> None:
+    """A scheduler's signal reaches each process at its own moment; SIGTERM here reaches rank 1 alone. Every
+    process must take the same branch (a checkpoint and the next iteration are collective: a process that stopped
+    alone left the other waiting for ever), so the processes agree at each decision point: all stop after the same
+    iteration, the checkpoint is written, the summary says which signal, and the resume completes the run."""
+    run_dir = tmp_path / "run"
+    hardware = (*sharded_cpu(engine), "model.lora.enabled=false") if engine != "accelerate" else ()
+    cmd = [_torchrun(), "--standalone", "--nproc_per_node", "2", "-m", "cory.train", "experiment=smoke"]
+    common = [f"hydra.run.dir={run_dir}", f"cache_dir={tmp_path / 'cache'}", "progress=false"]
+    launcher = subprocess.Popen(
+        [*cmd, "algorithm=cory", *hardware, "iterations=400", "save_every=0", "num_eval=4", *common],
+        cwd=ROOT,
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        metrics = run_dir / "metrics.jsonl"
+        deadline = time.monotonic() + 300
+        while sum('"train/' in r for r in (metrics.read_text().splitlines() if metrics.exists() else [])) < 2:
+            assert launcher.poll() is None and time.monotonic() < deadline, "the run did not start training"
+            time.sleep(0.2)
+        workers = psutil.Process(launcher.pid).children(recursive=True)
+        rank1 = next(p for p in workers if p.environ().get("RANK") == "1")
+        rank1.send_signal(signal.SIGTERM)
+        _, err = launcher.communicate(timeout=300)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 0, err[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stopped_by"] == "SIGTERM" and not summary["completed"] and 2 <= summary["iterations"] < 400
+    assert latest_checkpoint(run_dir).name == f"iter_{summary['iterations']:06d}"
+    _run([*cmd[:-1], f"resume={run_dir}", "iterations=" + str(summary["iterations"] + 2)])
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["completed"] and summary["stopped_by"] is None
