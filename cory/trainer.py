@@ -186,18 +186,21 @@ class Trainer:
             TIME_ITERATION: time.perf_counter() - t0,
             MEMORY_PEAK_MB: runtime.peak_memory_mb(self.device),
         }
-        self.bad_streak = self.bad_streak + 1 if out.nonfinite else 0
-        self.nonfinite_iterations += int(out.nonfinite)
+        # several processes count an iteration bad when any found it so: a bad one is never checkpointed, and the
+        # checkpoint is collective
+        nonfinite = out.nonfinite if distributed.world_size() == 1 else any(distributed.every(out.nonfinite))
+        self.bad_streak = self.bad_streak + 1 if nonfinite else 0
+        self.nonfinite_iterations += int(nonfinite)
         metrics[NONFINITE_ITERATIONS] = float(self.nonfinite_iterations)
         metrics = distributed.mean_metrics(metrics)  # data parallel: rank 0 logs the means over processes
         self._log(metrics, step=k, samples=out.samples)
         self._check_weights(k)
         bar.set_postfix({key: f"{v:.3f}" for key, v in out.headline.items()}, refresh=False)
         numbers = " ".join(f"{key} {v:.3f}" for key, v in out.headline.items())
-        flag = " (non-finite: update skipped)" if out.nonfinite else ""
+        flag = " (non-finite: update skipped)" if nonfinite else ""
         line = f"[cory] iteration {k + 1}/{self.s.iterations}: {numbers}{flag} ({metrics[TIME_ITERATION]:.1f} s)"
         runtime.say(line, console=not self.s.progress)  # with a progress bar, the bar shows it; train.log keeps it
-        return out.nonfinite
+        return nonfinite
 
     def _run_pending_eval(self) -> None:
         if self.pending_eval:  # the first and the last evaluation are the full ones (`num_eval_final`)

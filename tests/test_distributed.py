@@ -438,3 +438,27 @@ def test_a_stop_signal_that_reaches_one_process_stops_them_all_at_the_same_itera
     _run([*cmd[:-1], f"resume={run_dir}", "iterations=" + str(summary["iterations"] + 2)])
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["completed"] and summary["stopped_by"] is None
+
+
+@pytest.mark.long
+def test_a_non_finite_reward_on_one_process_skips_the_update_on_every_process(tmp_path: Path) -> None:
+    """Rank 1's reward source returns NaN at its second call (iteration 1), rank 0's stays finite. Each process
+    would skip the whole update on its own view (the learner's non-finite guard) and the other would wait in the
+    gradient exchange for ever; the processes agree instead: both skip iteration 1, neither checkpoints it (a bad
+    iteration never is), both end with the same weights and the run completes."""
+    run_dir = tmp_path / "run"
+    task = ["task._target_=helpers.nan_rewards.NanOnOneProcess", "+task.nan_rank=1", "+task.nan_call=2"]
+    cmd = [_torchrun(), "--standalone", "--nproc_per_node", "2", "-m", "cory.train", "experiment=smoke"]
+    cmd += ["algorithm=ppo", *task, "iterations=3", "save_every=1", "keep_checkpoints=3", "progress=false"]
+    cmd += ["num_eval=4", f"hydra.run.dir={run_dir}", f"cache_dir={tmp_path / 'cache'}"]
+    done = subprocess.run(
+        cmd, cwd=ROOT, env=ENV | {"PYTHONPATH": str(ROOT / "tests")}, capture_output=True, text=True, timeout=400
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["completed"] and summary["weights_in_sync"] is True
+    rows = [json.loads(r) for r in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    skipped = [r["iteration"] for r in rows if r.get("ppo/llm1/nonfinite_skipped") == 1.0]
+    assert skipped == [1]  # the mean over the two processes: both skipped it
+    checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert checkpoints == ["iter_000001", "iter_000003"]  # iteration 1 (the second) was bad: no iter_000002

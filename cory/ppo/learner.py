@@ -274,8 +274,10 @@ class Agent:
         cfg, mask = self.config, rollout.response_mask.float()
         batch_size = len(rollout)
         inputs = (scores.float(), rollout.kls, rollout.logprobs, rollout.values)
-        if not all(torch.isfinite(x).all() for x in inputs):
-            # a non-finite reward or KL would poison the weights: skip the whole update and say so
+        finite = bool(all(torch.isfinite(x).all() for x in inputs))
+        # a non-finite reward or KL would poison the weights: skip the whole update and say so, on every process
+        # when any has one (the update's gradient exchanges are collective: one process skipping alone hangs them)
+        if not all(distributed.every(finite)):
             return {"nonfinite_skipped": 1.0, "kl_coef": self.kl_ctl.value}
         # 1. optional score scaling with this agent's running moments: R → R̃ (§2.3)
         scores = scores.float()
