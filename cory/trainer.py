@@ -217,12 +217,19 @@ class Trainer:
         must all take the same branch (a checkpoint and the next iteration are collective), and a signal reaches
         each process at its own moment, not at the same point of the loop. Collective then: every process calls it
         at the same points."""
-        if distributed.world_size() > 1:
-            names = distributed.every(self.stopped_by if self.stop_requested else None)
-            if any(names) and not self.stop_requested:  # another process's signal stops this one too
-                self.stop_requested, self.stopped_by = True, next(n for n in names if n)
-                preemption.request_stop()
-        return self.stop_requested
+        if distributed.world_size() == 1:
+            return self.stop_requested
+        # the agreed answer, not this process's flag read again: a signal landing during the exchange is seen by
+        # every process at the next decision point
+        agreed = next(
+            (n for n in distributed.every((self.stopped_by or "signal") if self.stop_requested else None) if n), None
+        )
+        if agreed is None:
+            return False
+        if not self.stop_requested:  # another process's signal stops this one too
+            self.stop_requested, self.stopped_by = True, agreed
+            preemption.request_stop()
+        return True
 
     def _stop_before(self, k: int, dropped: bool) -> None:
         """Stopped by a signal before iteration k changed anything (`dropped`: it had begun): checkpoint the
@@ -264,14 +271,17 @@ class Trainer:
     def evaluate(self, final: bool = False) -> dict[str, float] | None:
         """The algorithm's held-out evaluation after `iteration` iterations, its tables written once it is
         complete; None when a signal arrived meanwhile (the evaluation stays owed)."""
-        if not (distributed.is_main() or distributed.sharded_weights()):  # rank 0 evaluates and logs; the others
-            return {}  # go on to the next iteration, except under ZeRO-3, where every forward pass is collective
+        # rank 0 evaluates and logs; the others go on to the next iteration, except under ZeRO and FSDP: a sharded
+        # forward is collective (ZeRO-3, FSDP), and an engine starts at its first use, which may be this evaluation
+        # (ZeRO-2 too: `deepspeed.initialize` is collective)
+        if not (distributed.is_main() or distributed.sharded()):
+            return {}
         with (
             self._nonfinite_guard(f"the evaluation at iteration {self.iteration}"),
             _restore_rng_if_abandoned() as abandoned,
         ):
-            # under sharded weights every process evaluates, in step: each stops between parts only when all do
-            stopped = self._stopping if distributed.sharded_weights() else lambda: self.stop_requested
+            # under ZeRO and FSDP every process evaluates, in step: each stops between parts only when all do
+            stopped = self._stopping if distributed.sharded() else lambda: self.stop_requested
             out = self.algorithm.evaluate(self.iteration, final, stopped)
             if out is None:  # stopped between its parts: it stays owed, and what it drew is put back
                 raise preemption.Abandoned
