@@ -197,11 +197,9 @@ def close() -> None:
     global _STATE, _DEEPSPEED, _ENGINE
     if _STATE is not None:
         _STATE.destroy_process_group()
-    if _ENGINE == "fsdp" and torch.distributed.is_initialized():  # the group of one `_join_alone` joined
+    if _ENGINE != "accelerate" and torch.distributed.is_initialized():  # the group of one `_join_alone` joined
         torch.distributed.destroy_process_group()
     if _DEEPSPEED is not None:
-        if torch.distributed.is_initialized():  # the group of one `_join_alone` joined
-            torch.distributed.destroy_process_group()
         from deepspeed.utils import groups
 
         groups._WORLD_GROUP = None  # DeepSpeed's cached clone of the world group: a later run here needs its own

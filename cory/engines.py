@@ -145,11 +145,21 @@ class AdamStep:
 
 
 def optimizer_step(
-    optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter], max_grad_norm: float | None
+    optimizer: torch.optim.Optimizer,
+    params: list[torch.nn.Parameter],
+    max_grad_norm: float | None,
+    sharded_grads: bool = False,
 ) -> bool:
-    """Average gradients across processes, clip, step; a non-finite gradient skips the step (False)."""
-    distributed.average_gradients(params)  # data parallel: accelerate's mean over processes (one process: no-op)
-    if not runtime.all_finite([p.grad for p in params if p.grad is not None]):
+    """Average gradients across processes, clip, step; a non-finite gradient skips the step (False).
+
+    `sharded_grads` (FSDP): each process holds its shard of the already averaged gradient, so nothing is averaged
+    here and the step is skipped on every process when any shard is non-finite."""
+    if not sharded_grads:
+        distributed.average_gradients(params)  # data parallel: accelerate's mean over processes (one process: no-op)
+    finite = runtime.all_finite([local(p.grad) for p in params if p.grad is not None])
+    if sharded_grads:
+        finite = all(distributed.every(finite))
+    if not finite:
         optimizer.zero_grad()
         return False
     if max_grad_norm is not None:
@@ -416,15 +426,8 @@ class FsdpStep:
     def step(self) -> bool:
         """Clip by the global norm and step; a non-finite gradient on any process's shard skips the step on every
         process (False), as `AdamStep` skips it."""
-        grads = [local(p.grad) for p in self.params if p.grad is not None]
-        if not all(distributed.every(runtime.all_finite(grads))):
-            self.optimizer.zero_grad()
-            return False
-        if self.max_grad_norm is not None:  # the norm of the whole gradient (FSDP sums the shards' squares)
-            torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
-        self.optimizer.step()
-        self.optimizer.zero_grad()
-        return True
+        # clipping reads the norm of the whole gradient (FSDP sums the shards' squares)
+        return optimizer_step(self.optimizer, self.params, self.max_grad_norm, sharded_grads=True)
 
     @contextlib.contextmanager
     def whole(self, modify: bool = False) -> Iterator[None]:

@@ -136,8 +136,8 @@ class Trainer:
                 self.iteration = k + 1
                 last = self.iteration == self.s.iterations
                 self.pending_eval = last or bool(self.s.eval_every and self.iteration % self.s.eval_every == 0)
-                if not self._stopping():  # on a signal the checkpoint comes first; the resume evaluates
-                    self._run_pending_eval()
+                if self.pending_eval and not self._stopping():  # on a signal the checkpoint comes first; the
+                    self._run_pending_eval()  # resume evaluates
                 stop = self._stopping()
                 if bad and self.bad_streak >= self.s.max_bad_iterations:
                     raise NonFiniteError(
