@@ -16,6 +16,7 @@ C: `imdb_claim_cory_released` vs `imdb_claim_ppo_released`), over the seeds that
    does not hold if below 0, else undecided.
 A run is flat when its last two held-out KLs differ by under 10 %; a seed is flat in an arm when both its runs are;
 with fewer than two flat seeds (of three), or fewer than two seeds, every verdict of the arm is "undecided".
+Beside the flatness gate each run's KL growth over the last two evaluation intervals is reported (is it slowing?).
 """
 
 from __future__ import annotations
@@ -93,6 +94,13 @@ def is_flat(curve: list[dict]) -> bool:
     return abs(last - before) < FLAT * abs(before) if before else last == before
 
 
+def kl_growth(curve: list[dict], intervals: int = 2) -> list[float]:
+    """The held-out KL's relative change over each of the last `intervals` evaluation intervals, oldest first
+    (0.26 = +26 %): whether a run that is not flat is slowing down (shrinking changes) or not."""
+    pairs = list(zip(curve, curve[1:]))[-intervals:]
+    return [b["kl"] / a["kl"] - 1 if a["kl"] else math.nan for a, b in pairs]
+
+
 def verdict(low: float, high: float, holds, fails) -> str:
     if math.isnan(low):
         return "undecided"
@@ -123,6 +131,7 @@ def arm_report(results: Path, cory_exp: str, ppo_exp: str) -> dict:
                 "matched_reward": matched,
                 "kl_ratio_at_matched_reward": kl_at_reward(cory, matched) / kl_at_reward(ppo, matched),
                 "flat": is_flat(cory) and is_flat(ppo),
+                "kl_growth": {"cory": kl_growth(cory), "ppo": kl_growth(ppo)},
             }
         )
     out = {"cory": cory_exp, "ppo": ppo_exp, "seeds": per_seed, "n": len(per_seed)}
@@ -146,6 +155,10 @@ def arm_report(results: Path, cory_exp: str, ppo_exp: str) -> dict:
     return out
 
 
+def _growth(changes: list[float]) -> str:
+    return ", ".join(f"{100 * c:+.0f} %" for c in changes)
+
+
 def markdown(report: dict) -> str:
     lines = []
     for arm, r in report["arms"].items():
@@ -153,13 +166,14 @@ def markdown(report: dict) -> str:
         header = (
             "seed | iteration | PPO reward | CORY reward | PPO KL | CORY KL | KL ratio | KL ratio at matched reward"
         )
-        lines.append(f"| {header} | combined diff | flat |")
-        lines.append("|---|---|---|---|---|---|---|---|---|---|")
+        lines.append(f"| {header} | combined diff | flat | PPO KL growth | CORY KL growth |")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for s in r["seeds"]:
             lines.append(
                 f"| {s['seed']} | {s['iteration']} | {s['ppo']['reward']:.3f} | {s['cory']['reward']:.3f} | "
                 f"{s['ppo']['kl']:.2f} | {s['cory']['kl']:.2f} | {s['kl_ratio']:.2f} | "
-                f"{s['kl_ratio_at_matched_reward']:.2f} | {s['combined_diff']:+.3f} | {'yes' if s['flat'] else 'no'} |"
+                f"{s['kl_ratio_at_matched_reward']:.2f} | {s['combined_diff']:+.3f} | {'yes' if s['flat'] else 'no'} | "
+                f"{_growth(s['kl_growth']['ppo'])} | {_growth(s['kl_growth']['cory'])} |"
             )
         lines.append("")
         lines.append("| claim | statistic | mean | 95 % interval | verdict |")

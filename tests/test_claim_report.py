@@ -73,6 +73,10 @@ def test_too_few_flat_or_finished_seeds_make_every_verdict_undecided(tmp_path):
         _run(tmp_path, "imdb_claim_cory", seed, [(0.0, 0.0), (0.5, 1.0), (1.0, 2.0)])
     arm = claim_report.arm_report(tmp_path, "imdb_claim_cory", "imdb_claim_ppo")
     assert arm["flat_seeds"] == 0 and not arm["powered"]
+    # the KL's growth over the last two intervals: PPO 0 → 4 → 8 (first interval undefined), CORY 1 → 2
+    growth = arm["seeds"][0]["kl_growth"]
+    assert math.isnan(growth["ppo"][0]) and growth["ppo"][1] == pytest.approx(1.0)
+    assert growth["cory"][1] == pytest.approx(1.0)
     assert {c["verdict"] for c in arm["claims"].values()} == {"undecided"}
     # an unfinished CORY run drops its seed from the pairs
     other = tmp_path / "second"
