@@ -15,15 +15,17 @@ weights (equivalent to Eq. 5, docs/method.md §1.5); `faithful_official_swap=tru
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from cory.algorithms.base import EvalOutput, Report, RunContext, StepOutput
-from cory.algorithms.team import AgentTeam, learner_identity
+from cory.algorithms.base import RunContext, StepOutput
+from cory.algorithms.team import AgentTeam, TeamAlgorithm, learner_identity
 from cory.errors import ConfigError
 from cory.metrics import role_key
 from cory.ppo.metrics import agent_metrics, headline, nonfinite, sample_rows
+from cory.ppo.rollout import Rollout
 from cory.preemption import abandonable
 from cory.tasks.base import SafeScorer, Task
 
@@ -39,7 +41,52 @@ CORY_METRICS: dict[str, str] = {
 }
 
 
-class CORY:
+@dataclass
+class Episode:
+    """Steps 1-4 of one CORY iteration, for a batch of B queries: each role's rollout (B samples), task rewards
+    r_i = r(q, a_i) on the original query, collective rewards R_i (Eq. 4) and the number of failed scorings."""
+
+    pioneer: Rollout
+    observer: Rollout
+    r_pioneer: list[float]
+    r_observer: list[float]
+    R_pioneer: list[float]
+    R_observer: list[float]
+    failures: int
+
+
+def play(cory, pioneer, observer, queries: list[str], max_new_tokens: int) -> Episode:
+    """CORY's steps 1-4 (Alg. 1 l.7-13): `pioneer` and `observer` are agents (the same one under one shared policy,
+    `cory/algorithms/cory_variants.py`); `cory` supplies the task, scorer, generation batch size, knowledge-transfer
+    switch and the reward weights (w_self, w_other)."""
+    task, batch, gen = cory.task, cory.team.generation_batch_size, cory.task.generation_kwargs
+    # 1. pioneer: a1 ~ π_P(· | x_P)
+    pio = pioneer.act([task.pioneer_prompt(q) for q in queries], max_new_tokens, gen, batch)
+    # 2. observer: x_O = T_obs(q, a1) from decoded text, then a2 ~ π_O(· | x_O), same generation settings
+    if cory.knowledge_transfer:
+        obs_prompts = [task.observer_prompt(q, a1) for q, a1 in zip(queries, pio.responses)]
+    else:  # "CORY w/o KT": the observer sees the query alone (§1.7)
+        obs_prompts = [task.pioneer_prompt(q) for q in queries]
+    obs = observer.act(obs_prompts, max_new_tokens, gen, batch)
+    # 3. task rewards on the original query only: r1 = r(q, a1), r2 = r(q, a2)
+    r1, failed1 = cory.scorer(queries, pio.responses)
+    r2, failed2 = cory.scorer(queries, obs.responses)
+    # 4. collective reward (Eq. 4): R_P = w_self·r1 + w_other·r2, R_O = w_self·r2 + w_other·r1
+    R_pio = [cory.w_self * a + cory.w_other * b for a, b in zip(r1, r2)]
+    R_obs = [cory.w_self * b + cory.w_other * a for a, b in zip(r1, r2)]
+    return Episode(pio, obs, r1, r2, R_pio, R_obs, failed1 + failed2)
+
+
+def episode_samples(queries: list[str], ep: Episode, n: int) -> list[dict]:
+    """The first `n` queries' rows of the `train/samples` table: both roles' prompts, answers and task rewards."""
+    rollouts, rewards = (
+        {"pioneer": ep.pioneer, "observer": ep.observer},
+        {"pioneer": ep.r_pioneer, "observer": ep.r_observer},
+    )
+    return sample_rows(queries, rollouts, rewards, n)
+
+
+class CORY(TeamAlgorithm):
     """Pioneer/observer co-training of `llm1` and `llm2` (docs/method.md §1).
 
     Built by Hydra from `cory/conf/algorithm/cory.yaml`, the only place the switches' values are written
@@ -73,11 +120,6 @@ class CORY:
         self.roles = {"pioneer": "llm1", "observer": "llm2"}  # LLM1 starts as pioneer (§1.1)
         self.swaps = 0
 
-    @property
-    def agents(self) -> dict:
-        """The agents by id (for tests and tools; the trainer never reads them)."""
-        return self.team.agents
-
     def describe(self) -> dict:
         return learner_identity(self.learner, "cory")
 
@@ -85,28 +127,20 @@ class CORY:
         pio_id, obs_id = self.roles["pioneer"], self.roles["observer"]
         pioneer, observer = self.team.agents[pio_id], self.team.agents[obs_id]
         queries, max_new_tokens = self.team.batch(iteration)
-        gen, batch, t0 = self.task.generation_kwargs, self.team.generation_batch_size, time.perf_counter()
-        with abandonable():  # a stop signal drops the iteration up to step 3: nothing a checkpoint holds has changed
-            # 1. pioneer: a1 ~ π_P(· | x_P)
-            pio = pioneer.act([self.task.pioneer_prompt(q) for q in queries], max_new_tokens, gen, batch)
-            # 2. observer: x_O = T_obs(q, a1) from decoded text, then a2 ~ π_O(· | x_O), same generation settings
-            if self.knowledge_transfer:
-                obs_prompts = [self.task.observer_prompt(q, a1) for q, a1 in zip(queries, pio.responses)]
-            else:  # "CORY w/o KT": the observer sees the query alone (§1.7)
-                obs_prompts = [self.task.pioneer_prompt(q) for q in queries]
-            obs = observer.act(obs_prompts, max_new_tokens, gen, batch)
-            # 3. task rewards on the original query only: r1 = r(q, a1), r2 = r(q, a2)
-            r1, failed1 = self.scorer(queries, pio.responses)
-            r2, failed2 = self.scorer(queries, obs.responses)
-        # 4. collective reward (Eq. 4): R_P = w_self·r1 + w_other·r2, R_O = w_self·r2 + w_other·r1
-        R_pio = [self.w_self * a + self.w_other * b for a, b in zip(r1, r2)]
-        R_obs = [self.w_self * b + self.w_other * a for a, b in zip(r1, r2)]
+        t0 = time.perf_counter()
+        with abandonable():  # a stop signal drops the iteration up to step 4: nothing a checkpoint holds has changed
+            # 1-4. the pioneer answers, the observer answers with the pioneer's answer in view, both are scored on
+            # the query, and each gets its collective reward (Eq. 4): `play`
+            ep = play(self, pioneer, observer, queries, max_new_tokens)
         t1 = time.perf_counter()
         # 5. the updates: two independent PPO updates (both rollouts were collected first, so the order does not
         # matter); a variant changes only this step (`_update`)
-        stats_pio, stats_obs = self._update(iteration, (pioneer, pio, R_pio), (observer, obs, R_obs))
-        metrics = agent_metrics(pio_id, pio, r1, R_pio, stats_pio, self.task.eval_kl_coef)
-        metrics |= agent_metrics(obs_id, obs, r2, R_obs, stats_obs, self.task.eval_kl_coef)
+        stats_pio, stats_obs = self._update(
+            iteration, (pioneer, ep.pioneer, ep.R_pioneer), (observer, ep.observer, ep.R_observer)
+        )
+        eta = self.task.eval_kl_coef
+        metrics = agent_metrics(pio_id, ep.pioneer, ep.r_pioneer, ep.R_pioneer, stats_pio, eta)
+        metrics |= agent_metrics(obs_id, ep.observer, ep.r_observer, ep.R_observer, stats_obs, eta)
         for role, agent_id in self.roles.items():  # per-role views of the same numbers
             metrics[role_key(role, "task_reward")] = metrics[f"train/{agent_id}/task_reward"]
             metrics[role_key(role, "kl")] = metrics[f"train/{agent_id}/kl"]
@@ -115,11 +149,9 @@ class CORY:
             "cory/swaps": float(self.swaps),
             "time/generate_s": t1 - t0,
             "time/learn_s": time.perf_counter() - t1,
-            "train/reward_failures": float(failed1 + failed2),
+            "train/reward_failures": float(ep.failures),
         }
-        samples = sample_rows(
-            queries, {"pioneer": pio, "observer": obs}, {"pioneer": r1, "observer": r2}, self.log_samples
-        )
+        samples = episode_samples(queries, ep, self.log_samples)
         # 6. role exchange (Eq. 5) after iteration k when (k + 1) mod T_REx = 0
         if self.role_exchange and (iteration + 1) % self.swap_period == 0:
             self.roles = {"pioneer": obs_id, "observer": pio_id}
@@ -140,21 +172,12 @@ class CORY:
         iteration; a schedule that freezes one (`cory/algorithms/cory_variants.py`) overrides this."""
         return agent.learn(rollout, torch.tensor(rewards))
 
-    def evaluate(self, iteration: int, final: bool, should_stop) -> EvalOutput | None:
-        return self.team.evaluate(final, should_stop)
-
-    def parameters(self):
-        return self.team.parameters()
-
     def save(self, directory: Path) -> None:
         self.team.save(directory, {"roles": dict(self.roles), "swaps": self.swaps})
 
     def load(self, directory: Path) -> None:
         state = self.team.load(directory)
         self.roles, self.swaps = dict(state["roles"]), int(state["swaps"])
-
-    def report(self, rows: list[dict], run_dir: Path) -> Report:
-        return self.team.report(rows, run_dir, self.settings.iterations)
 
     @staticmethod
     def _longest_observer_prompt(task: Task, query: str, max_new_tokens: int) -> tuple[str, int]:

@@ -34,12 +34,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from cory.algorithms.base import EvalOutput, Report, RunContext, StepOutput
-from cory.algorithms.cory import CORY
-from cory.algorithms.team import AgentTeam
+from cory.algorithms.base import RunContext, StepOutput
+from cory.algorithms.cory import CORY, episode_samples, play
+from cory.algorithms.team import AgentTeam, TeamAlgorithm
 from cory.errors import ConfigError
 from cory.metrics import AGENT_PLACEHOLDER, role_key
-from cory.ppo.metrics import agent_metrics, headline, nonfinite, sample_rows
+from cory.ppo.metrics import agent_metrics, headline, nonfinite
 from cory.ppo.rollout import Rollout
 from cory.preemption import abandonable
 from cory.tasks.base import SafeScorer
@@ -244,7 +244,7 @@ class ScheduledCORY(CORY):
         self.updates = {agent_id: int(n) for agent_id, n in state["updates"].items()}
 
 
-class SharedPolicyCORY:
+class SharedPolicyCORY(TeamAlgorithm):
     """One policy `llm1` in both roles, trained on both roles' samples (`policy_sharing=shared`, docs/method.md §11.2).
 
     Per iteration: CORY's steps 1-4 with π_P = π_O = π_θ (one module acts twice), then ONE PPO update on the 2B
@@ -278,11 +278,6 @@ class SharedPolicyCORY:
         self.task, self.scorer = self.team.task, SafeScorer(self.team.task)
         self.updates = 0
 
-    @property
-    def agents(self) -> dict:
-        """The one agent by id (for tests and tools; the trainer never reads them)."""
-        return self.team.agents
-
     def describe(self) -> dict:
         return {
             "algorithm": "cory_shared",
@@ -294,57 +289,36 @@ class SharedPolicyCORY:
     def step(self, iteration: int) -> StepOutput:
         policy = self.team.agents["llm1"]
         queries, max_new_tokens = self.team.batch(iteration)
-        gen, batch, t0 = self.task.generation_kwargs, self.team.generation_batch_size, time.perf_counter()
-        with abandonable():  # a stop signal drops the iteration up to step 3: nothing a checkpoint holds has changed
-            # 1. the policy as pioneer: a1 ~ π_θ(· | x_P)
-            pio = policy.act([self.task.pioneer_prompt(q) for q in queries], max_new_tokens, gen, batch)
-            # 2. the same policy as observer: a2 ~ π_θ(· | T_obs(q, a1)) (or the query alone without knowledge
-            # transfer)
-            if self.knowledge_transfer:
-                obs_prompts = [self.task.observer_prompt(q, a1) for q, a1 in zip(queries, pio.responses)]
-            else:
-                obs_prompts = [self.task.pioneer_prompt(q) for q in queries]
-            obs = policy.act(obs_prompts, max_new_tokens, gen, batch)
-            # 3. task rewards on the original query; 4. collective rewards (Eq. 4)
-            r1, failed1 = self.scorer(queries, pio.responses)
-            r2, failed2 = self.scorer(queries, obs.responses)
-        R_pio = [self.w_self * a + self.w_other * b for a, b in zip(r1, r2)]
-        R_obs = [self.w_self * b + self.w_other * a for a, b in zip(r1, r2)]
+        t0 = time.perf_counter()
+        with abandonable():  # a stop signal drops the iteration up to step 4: nothing a checkpoint holds has changed
+            # 1-4. CORY's steps with π_P = π_O = π_θ: the policy answers as pioneer, then as observer with its own
+            # first answer in view; both answers scored, collective rewards (Eq. 4)
+            ep = play(self, policy, policy, queries, max_new_tokens)
         t1 = time.perf_counter()
         # 5. one PPO update on both roles' 2B samples
-        both = concat_rollouts(pio, obs, policy.tokenizer.pad_token_id)
-        stats = policy.learn(both, torch.tensor(R_pio + R_obs))
+        both = concat_rollouts(ep.pioneer, ep.observer, policy.tokenizer.pad_token_id)
+        rewards, collective = ep.r_pioneer + ep.r_observer, ep.R_pioneer + ep.R_observer
+        stats = policy.learn(both, torch.tensor(collective))
         self.updates += 1
-        metrics = agent_metrics("llm1", both, r1 + r2, R_pio + R_obs, stats, self.task.eval_kl_coef)
-        for role, rollout, rewards in (("pioneer", pio, r1), ("observer", obs, r2)):  # the roles' halves
-            metrics[role_key(role, "task_reward")] = float(torch.tensor(rewards).mean())
+        metrics = agent_metrics("llm1", both, rewards, collective, stats, self.task.eval_kl_coef)
+        for role, rollout, r in (("pioneer", ep.pioneer, ep.r_pioneer), ("observer", ep.observer, ep.r_observer)):
+            metrics[role_key(role, "task_reward")] = float(torch.tensor(r).mean())  # the roles' halves
             metrics[role_key(role, "kl")] = rollout.kls.sum(-1).mean().item()
         metrics |= {
             "schedule/llm1/learned": 1.0,
             "schedule/llm1/updates": float(self.updates),
             "time/generate_s": t1 - t0,
             "time/learn_s": time.perf_counter() - t1,
-            "train/reward_failures": float(failed1 + failed2),
+            "train/reward_failures": float(ep.failures),
         }
-        samples = sample_rows(
-            queries, {"pioneer": pio, "observer": obs}, {"pioneer": r1, "observer": r2}, self.log_samples
-        )
+        samples = episode_samples(queries, ep, self.log_samples)
         return StepOutput(metrics, samples, nonfinite(metrics), headline(metrics, ["llm1"]))
-
-    def evaluate(self, iteration: int, final: bool, should_stop) -> EvalOutput | None:
-        return self.team.evaluate(final, should_stop)
-
-    def parameters(self):
-        return self.team.parameters()
 
     def save(self, directory: Path) -> None:
         self.team.save(directory, {"updates": self.updates})
 
     def load(self, directory: Path) -> None:
         self.updates = int(self.team.load(directory)["updates"])
-
-    def report(self, rows: list[dict], run_dir: Path) -> Report:
-        return self.team.report(rows, run_dir, self.settings.iterations)
 
 
 def concat_rollouts(a: Rollout, b: Rollout, pad_token_id: int) -> Rollout:

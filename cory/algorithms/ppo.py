@@ -7,14 +7,14 @@ from pathlib import Path
 
 import torch
 
-from cory.algorithms.base import EvalOutput, Report, RunContext, StepOutput
-from cory.algorithms.team import AgentTeam, learner_identity
+from cory.algorithms.base import RunContext, StepOutput
+from cory.algorithms.team import AgentTeam, TeamAlgorithm, learner_identity
 from cory.ppo.metrics import agent_metrics, headline, nonfinite, sample_rows
 from cory.preemption import abandonable
 from cory.tasks.base import SafeScorer
 
 
-class PPO:
+class PPO(TeamAlgorithm):
     """One agent `llm1`: act on the query-only prompt, score, learn on its own task reward.
 
     Built by Hydra from `cory/conf/algorithm/ppo.yaml` (`agent`: the learner node); `context` comes from the entry
@@ -25,11 +25,6 @@ class PPO:
         self.team = AgentTeam(context, agent, ["llm1"])
         self.task, self.scorer = self.team.task, SafeScorer(self.team.task)
         self.learner, self.log_samples, self.settings = agent, log_samples, context.settings
-
-    @property
-    def agents(self) -> dict:
-        """The agents by id (for tests and tools; the trainer never reads them)."""
-        return self.team.agents
 
     def describe(self) -> dict:
         return learner_identity(self.learner, "ppo")
@@ -59,17 +54,8 @@ class PPO:
         samples = sample_rows(queries, {"pioneer": rollout}, {"pioneer": scores}, self.log_samples)
         return StepOutput(metrics, samples, nonfinite(metrics), headline(metrics, ["llm1"]))
 
-    def evaluate(self, iteration: int, final: bool, should_stop) -> EvalOutput | None:
-        return self.team.evaluate(final, should_stop)
-
-    def parameters(self):
-        return self.team.parameters()
-
     def save(self, directory: Path) -> None:
         self.team.save(directory, {})
 
     def load(self, directory: Path) -> None:
         self.team.load(directory)
-
-    def report(self, rows: list[dict], run_dir: Path) -> Report:
-        return self.team.report(rows, run_dir, self.settings.iterations)

@@ -26,6 +26,7 @@ from cory.errors import CheckpointError, ConfigError
 from cory.ppo.backends import make_backends
 from cory.ppo.evaluation import eval_lengths, evaluate
 from cory.preemption import abandonable
+from cory.settings import RunSettings
 from cory.tasks.base import Task
 
 TEAM_STATE = "team.json"
@@ -252,6 +253,28 @@ class AgentTeam:
                 f"{what} plus a response of task.max_new_tokens={hi} is {longest} tokens, more than the model's "
                 f"context of {limit} positions; lower task.max_new_tokens or use shorter prompts"
             )
+
+
+class TeamAlgorithm:
+    """The `Algorithm` methods that PPO, CORY and their variants share: each only hands over to the algorithm's
+    `AgentTeam` (`self.team`, built in the subclass's constructor with `self.settings = context.settings`)."""
+
+    team: AgentTeam
+    settings: RunSettings
+
+    @property
+    def agents(self) -> dict:
+        """The agents by id (for tests and tools; the trainer never reads them)."""
+        return self.team.agents
+
+    def evaluate(self, iteration: int, final: bool, should_stop: Callable[[], bool]) -> EvalOutput | None:
+        return self.team.evaluate(final, should_stop)
+
+    def parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return self.team.parameters()
+
+    def report(self, rows: list[dict], run_dir: Path) -> Report:
+        return self.team.report(rows, run_dir, self.settings.iterations)
 
 
 def _eval_row(rows: list[dict], iteration: int) -> dict:
