@@ -172,8 +172,9 @@ def markdown(report: dict) -> str:
             lines.append(
                 f"| {s['seed']} | {s['iteration']} | {s['ppo']['reward']:.3f} | {s['cory']['reward']:.3f} | "
                 f"{s['ppo']['kl']:.2f} | {s['cory']['kl']:.2f} | {s['kl_ratio']:.2f} | "
-                f"{s['kl_ratio_at_matched_reward']:.2f} | {s['combined_diff']:+.3f} | {'yes' if s['flat'] else 'no'} | "
-                f"{_growth(s['kl_growth']['ppo'])} | {_growth(s['kl_growth']['cory'])} |"
+                f"{s['kl_ratio_at_matched_reward']:.2f} | {s['combined_diff']:+.3f} | "
+                f"{'yes' if s['flat'] else 'no'} | {_growth(s['kl_growth']['ppo'])} | "
+                f"{_growth(s['kl_growth']['cory'])} |"
             )
         lines.append("")
         lines.append("| claim | statistic | mean | 95 % interval | verdict |")

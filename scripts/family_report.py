@@ -1,0 +1,164 @@
+"""The multi-agent family's table (docs/results.md, "The multi-agent family on arithmetic"), from committed results.
+
+    python scripts/family_report.py outputs/family/results --out outputs/family
+
+Reads each finished run's small files under `RESULTS/algorithm=<name>/seed=<n>/` (what `scripts/run_sweep.py
+--results` copies: `summary.json`, `metrics.jsonl`, and with `--evaluate` also `passk.json`) and writes
+`family.md` (the table) and `family.json` (every number) into `--out`. Per algorithm and agent, over its seeds:
+- held-out accuracy: the task reward of the run's last evaluation (`summary.json`, `agents.<id>.task_reward`);
+- KL_seq to π0 at that evaluation (`agents.<id>.kl`);
+- pass@1, pass@4, pass@16 and greedy accuracy of the final weights (`passk.json`, `python -m cory.evaluate`), when
+  the run has one; the base model's are reported once per seed;
+- seconds per iteration: the median over seeds of each run's median `time/iteration_s` (which costs more, not what
+  a run costs alone when several share a machine).
+Each value is `mean ± s.d. [min–max]` over the seeds (s.d. with n − 1; one seed: the value alone). A run that has
+not finished (`completed` not true) is left out and counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# The sweep's order and display names (`cory/conf/sweep/family_arithmetic.yaml`); others follow, sorted.
+NAMES = {
+    "ppo": "PPO",
+    "grpo": "GRPO",
+    "cory": "CORY",
+    "cory_cc": "CORY + centralised critic",
+    "cory_interleaved": "CORY, interleaved updates",
+    "cory_shared": "CORY, one shared policy",
+}
+PASSK = ("pass@1", "pass@4", "pass@16", "greedy_accuracy")
+
+
+def spread(values: list[float]) -> dict | None:
+    """mean, s.d. (n − 1; 0 for one value), min, max and n of `values`; None when there are none."""
+    if not values:
+        return None
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return {"mean": statistics.fmean(values), "sd": sd, "min": min(values), "max": max(values), "n": len(values)}
+
+
+def _read(folder: Path) -> dict | None:
+    """One run's summary, pass@k (or None) and median seconds per iteration; None when it has not finished."""
+    try:
+        summary = json.loads((folder / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not summary.get("completed"):
+        return None
+    passk_file = folder / "passk.json"
+    passk = json.loads(passk_file.read_text()) if passk_file.is_file() else None
+    times = []
+    metrics = folder / "metrics.jsonl"
+    if metrics.is_file():
+        from cory.loggers import read_metrics
+
+        times = [r["time/iteration_s"] for r in read_metrics(metrics) if "time/iteration_s" in r]
+    return {"summary": summary, "passk": passk, "time": statistics.median(times) if times else None}
+
+
+def family(results: Path) -> dict:
+    """Every algorithm's per-agent spreads over its finished seeds (module docstring)."""
+    found = sorted(results.glob("algorithm=*/seed=*"))
+    present = {f.parent.name.split("=", 1)[1] for f in found}
+    names = [a for a in NAMES if a in present] + sorted(present - set(NAMES))
+    out: dict = {"algorithms": {}, "base": {}, "unfinished": []}
+    for name in names:
+        runs = {}
+        for folder in sorted(results.glob(f"algorithm={name}/seed=*")):
+            run = _read(folder)
+            if run is None:
+                out["unfinished"].append(f"{folder.parent.name}/{folder.name}")
+            else:
+                runs[int(folder.name.split("=", 1)[1])] = run
+        if not runs:
+            continue
+        agents = {}
+        for agent_id in next(iter(runs.values()))["summary"]["agents"]:
+            finals = [r["summary"]["agents"][agent_id] for r in runs.values()]
+            row = {
+                "accuracy": spread([f["task_reward"] for f in finals]),
+                "kl": spread([f["kl"] for f in finals]),
+            }
+            for key in PASSK:
+                scored = [r["passk"][agent_id] for r in runs.values() if agent_id in (r["passk"] or {})]
+                row[key] = spread([p[key] for p in scored])
+            agents[agent_id] = row
+        times = [r["time"] for r in runs.values() if r["time"] is not None]
+        out["algorithms"][name] = {
+            "seeds": sorted(runs),
+            "agents": agents,
+            "seconds_per_iteration": statistics.median(times) if times else None,
+        }
+        for seed, run in runs.items():  # the base model's numbers depend on the seed (its sampling), not the method
+            initial = run["summary"].get("initial", {}).get("llm1", {})
+            base = out["base"].setdefault(seed, {"accuracy": initial.get("task_reward")})
+            if run["passk"] and "base" in run["passk"]:
+                base.update({key: run["passk"]["base"][key] for key in PASSK})
+    return out
+
+
+def _cell(s: dict | None, digits: int = 3) -> str:
+    if s is None:
+        return "—"
+    if s["n"] == 1:
+        return f"{s['mean']:.{digits}f} (1 seed)"
+    return f"{s['mean']:.{digits}f} ± {s['sd']:.{digits}f} [{s['min']:.{digits}f}–{s['max']:.{digits}f}]"
+
+
+def markdown(report: dict) -> str:
+    lines = [
+        "| algorithm | agent | seeds | held-out accuracy | KL_seq (nats) | pass@1 | pass@4 | pass@16 | greedy "
+        "| s/iteration |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, algo in report["algorithms"].items():
+        for i, (agent_id, row) in enumerate(algo["agents"].items()):
+            first = i == 0
+            seconds = algo["seconds_per_iteration"]
+            lines.append(
+                f"| {NAMES.get(name, name) if first else ''} | {agent_id} | {len(algo['seeds']) if first else ''} | "
+                f"{_cell(row['accuracy'])} | {_cell(row['kl'], 2)} | "
+                + " | ".join(_cell(row[key]) for key in PASSK)
+                + f" | {f'{seconds:.1f}' if first and seconds is not None else ''} |"
+            )
+    if report["base"]:
+        lines += [
+            "",
+            "| base model, seed | held-out accuracy | pass@1 | pass@4 | pass@16 | greedy |",
+            "|---|---|---|---|---|---|",
+        ]
+        for seed, base in sorted(report["base"].items()):
+            values = [base.get("accuracy"), *(base.get(key) for key in PASSK)]
+            lines.append(f"| {seed} | " + " | ".join("—" if v is None else f"{v:.3f}" for v in values) + " |")
+    if report["unfinished"]:
+        lines += ["", f"Not finished (left out): {', '.join(report['unfinished'])}."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", type=Path, help="the sweep's --results folder (algorithm=<name>/seed=<n>/)")
+    parser.add_argument("--out", type=Path, required=True, help="where family.md and family.json go")
+    args = parser.parse_args(argv)
+    report = family(args.results)
+    if not report["algorithms"]:
+        print(f"error: no finished run results under {args.results} (expected algorithm=<name>/seed=<n>/summary.json)")
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "family.json").write_text(json.dumps(report, indent=2) + "\n")
+    (args.out / "family.md").write_text(markdown(report))
+    print(markdown(report), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
