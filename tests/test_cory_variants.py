@@ -1,6 +1,7 @@
 """CORY's schedules and policy-sharing layouts (`cory/algorithms/cory_variants.py`, docs/method.md §11): a frozen
 agent is untouched bit for bit, the turns alternate on time, one shared policy learns from both roles' 2B samples,
-one LoRA adapter per role stays in its role, `role_swap` + `separate` is CORY exactly, and resumes are exact.
+one LoRA adapter per role stays in its role, `role_swap` + `separate` is CORY exactly, a centralised critic composes
+with the schedules (it learns from the agents that learned), and resumes are exact.
 
 Real agents use the tiny GPT-2 of `experiment=smoke` on 4 fixed queries; the long turn schedule uses stub agents.
 """
@@ -138,6 +139,50 @@ def test_interleaved_frozen_agent_is_bit_identical_while_its_partner_learns(call
     assert [name for name, *_ in calls.act] == ["llm1", "llm2"] * 5  # the frozen agent still acts, in its role
     assert cory.roles == {"pioneer": "llm1", "observer": "llm2"} and cory.swaps == 0
     assert cory.updates == {"llm1": 3, "llm2": 2}
+
+
+def test_interleaved_with_a_centralised_critic_trains_the_critic_on_the_learners_tokens_only(monkeypatch):
+    """`critic=centralized` under `interleaved`: the frozen actor stays bit-identical (its own value head too), the
+    critic moves every iteration, and its loss sees the learning agent's returns and tokens only."""
+    cory = make_variant("cory_interleaved", critic="centralized", interleave_period=1)
+    assert cory.describe()["algorithm"] == "cory_cc_interleaved" and cory.describe()["critic"] == "centralized"
+    seen = []
+    real = cory.critic.learn
+    monkeypatch.setattr(cory.critic, "learn", lambda j, old, ret, m: seen.append((ret, m)) or real(j, old, ret, m))
+    for k in range(2):
+        before = {name: agent_state(agent) for name, agent in cory.agents.items()}
+        head = {name: a.policy.v_head.summary.weight.detach().clone() for name, a in cory.agents.items()}
+        critic_before = cory.critic.policy.v_head.summary.weight.detach().clone()
+        out = cory.step(k)
+        learner, frozen = ("llm1", "llm2") if k == 0 else ("llm2", "llm1")
+        assert same_state(before[frozen], agent_state(cory.agents[frozen]))
+        assert not same_state(before[learner]["weights"], agent_state(cory.agents[learner])["weights"])
+        for name, agent in cory.agents.items():  # no actor's value head moves: the critic gives the values
+            assert torch.equal(head[name], agent.policy.v_head.summary.weight)
+        assert not torch.equal(critic_before, cory.critic.policy.v_head.summary.weight)
+        returns, masks = seen[-1]
+        side = 0 if learner == "llm1" else 1  # llm1 is the pioneer throughout (no role exchange)
+        assert masks[side].sum() > 0 and masks[1 - side].sum() == 0 and torch.count_nonzero(returns[1 - side]) == 0
+        assert torch.equal(returns[side], cory.agents[learner].returns)
+        assert f"ppo/{learner}/value_loss" in out.metrics and f"ppo/{frozen}/value_loss" not in out.metrics
+    assert cory.updates == {"llm1": 1, "llm2": 1}
+
+
+def test_lora_per_role_with_a_centralised_critic_puts_three_adapters_on_one_base():
+    cory = make_variant("cory_lora_roles", "model.lora.enabled=true", critic="centralized")
+    base = cory.agents["llm1"].policy.pretrained_model
+    assert set(base.peft_config) == {"pioneer", "observer", "critic"}
+    assert cory.critic.policy.pretrained_model is base
+    before = cory.critic.policy.v_head.summary.weight.detach().clone()
+    cory.step(0)
+    assert not torch.equal(before, cory.critic.policy.v_head.summary.weight)
+    assert cory.describe()["algorithm"] == "cory_cc_lora_per_role"
+
+
+def test_one_shared_policy_refuses_a_centralised_critic_in_one_line():
+    with pytest.raises(ConfigError) as err:
+        make_variant("cory_shared", critic="centralized")
+    assert str(err.value).startswith("algorithm.critic=centralized: one shared policy") and "\n" not in str(err.value)
 
 
 class StubAgent:
@@ -366,8 +411,9 @@ def train_rows(run_dir: Path) -> list[dict]:
     [
         ("algorithm=cory_interleaved", "algorithm.interleave_period=3"),  # turns flip after the checkpoint
         ("algorithm=cory_shared",),
+        ("algorithm=cory_interleaved", "algorithm.interleave_period=3", "algorithm.critic=centralized"),
     ],
-    ids=["interleaved", "shared"],
+    ids=["interleaved", "shared", "interleaved-centralised-critic"],
 )
 def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path, overrides):
     args = (*overrides, "eval_every=0", "num_eval=4", "save_every=2")

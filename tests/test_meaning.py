@@ -289,6 +289,11 @@ def _patch_cory_step(*edits: tuple[str, str]):
     return lambda mp: mp.setattr(CORY, "step", mutated(CORY.step, *edits))
 
 
+def _patch_play(*edits: tuple[str, str]):
+    """CORY's steps 1-4 (`cory.algorithms.cory.play`, which `CORY.step` calls) with `edits`."""
+    return lambda mp: mp.setattr(cory.algorithms.cory, "play", mutated(cory.algorithms.cory.play, *edits))
+
+
 def _patch_reseed(old: str, new: str):
     return lambda mp: mp.setattr(AgentTeam, "reseed", mutated(AgentTeam.reseed, (old, new)))
 
@@ -309,26 +314,24 @@ def _stat(old: str, new: str):
     )
 
 
-OBS_SCORE = "r2, failed2 = self.scorer(queries, obs.responses)"
-OWN_PIO = ("self.w_other * b for a, b", "0 * b for a, b")  # R_P = r1
-OWN_OBS = ("self.w_other * a for a, b", "0 * a for a, b")  # R_O = r2
+OBS_SCORE = "r2, failed2 = cory.scorer(queries, obs.responses)"
+OWN_PIO = ("cory.w_other * b for a, b", "0 * b for a, b")  # R_P = r1
+OWN_OBS = ("cory.w_other * a for a, b", "0 * a for a, b")  # R_O = r2
 # check → {wrong version: how to install it}
 WRONG_VERSIONS: dict[Check, dict[str, Callable[[pytest.MonkeyPatch], None]]] = {
     check_rewards_are_scored_on_the_query: {
-        "observer scored on its own prompt": _patch_cory_step(
-            (OBS_SCORE, OBS_SCORE.replace("queries", "obs_prompts"))
-        ),
-        "observer scored with the pioneer's answer (Alg. 1 l.13 typo)": _patch_cory_step(
+        "observer scored on its own prompt": _patch_play((OBS_SCORE, OBS_SCORE.replace("queries", "obs_prompts"))),
+        "observer scored with the pioneer's answer (Alg. 1 l.13 typo)": _patch_play(
             (OBS_SCORE, OBS_SCORE.replace("obs.responses", "pio.responses"))
         ),
     },
     check_observer_sees_the_pioneers_answer: {
-        "observer prompt without a1 under KT": _patch_cory_step(("if self.knowledge_transfer:", "if False:")),
-        "observer prompt with an empty a1": _patch_cory_step(("observer_prompt(q, a1)", 'observer_prompt(q, "")')),
+        "observer prompt without a1 under KT": _patch_play(("if cory.knowledge_transfer:", "if False:")),
+        "observer prompt with an empty a1": _patch_play(("observer_prompt(q, a1)", 'observer_prompt(q, "")')),
     },
     check_both_agents_learn_the_collective_reward: {
-        "each agent rewarded with its own r only": _patch_cory_step(OWN_PIO, OWN_OBS),
-        "observer rewarded with its own r only": _patch_cory_step(OWN_OBS),
+        "each agent rewarded with its own r only": _patch_play(OWN_PIO, OWN_OBS),
+        "observer rewarded with its own r only": _patch_play(OWN_OBS),
     },
     check_evaluation_samples_in_eval_mode: {
         "evaluate() samples like training": lambda mp: mp.setattr(

@@ -167,16 +167,29 @@ class CORY(TeamAlgorithm):
         update statistics. A variant with a shared value function (`cory/algorithms/cory_cc.py`) overrides this."""
         return self._learn(iteration, *pioneer), self._learn(iteration, *observer)
 
+    def learns(self, agent_id: str, iteration: int) -> bool:
+        """Whether `agent_id` takes its update in iteration k: CORY updates both agents every iteration; a schedule
+        that freezes one (`cory/algorithms/cory_variants.py`) overrides this."""
+        return True
+
     def _learn(self, iteration: int, agent, rollout, rewards: list[float]) -> dict[str, float]:
-        """One agent's PPO update on its own rollout and collective rewards. CORY updates both agents every
-        iteration; a schedule that freezes one (`cory/algorithms/cory_variants.py`) overrides this."""
+        """One agent's PPO update on its own rollout and collective rewards, when the schedule says it learns
+        (`learns`); a frozen agent is not touched (no optimiser, KL-controller, score-statistics or RNG change)."""
+        if not self.learns(agent.name, iteration):
+            return {"kl_coef": agent.kl_ctl.value}
         return agent.learn(rollout, torch.tensor(rewards))
 
     def save(self, directory: Path) -> None:
-        self.team.save(directory, {"roles": dict(self.roles), "swaps": self.swaps})
+        self.team.save(directory, self._state())
 
     def load(self, directory: Path) -> None:
-        state = self.team.load(directory)
+        self._restore(self.team.load(directory))
+
+    def _state(self) -> dict:
+        """The algorithm's own counters for a checkpoint (JSON); a variant with more extends it and `_restore`."""
+        return {"roles": dict(self.roles), "swaps": self.swaps}
+
+    def _restore(self, state: dict) -> None:
         self.roles, self.swaps = dict(state["roles"]), int(state["swaps"])
 
     @staticmethod

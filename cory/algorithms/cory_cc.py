@@ -86,7 +86,9 @@ class CORYCC(CORY):
         return super().describe() | {"algorithm": "cory_cc", "critic": self.critic_mode}
 
     def _update(self, iteration: int, pioneer: tuple, observer: tuple) -> tuple[dict, dict]:
-        """Step 5 with the centralised critic; CORY's steps 1-4 and 6 are CORY's own (`CORY.step`)."""
+        """Step 5 with the centralised critic; CORY's steps 1-4 and 6 are CORY's own (`CORY.step`). Under a schedule
+        that freezes an agent (`cory/algorithms/cory_variants.py`) the frozen actor takes no update and the critic
+        learns from the returns of the agent that did."""
         if self.critic is None:
             return super()._update(iteration, pioneer, observer)
         (pio_agent, pio, R_pio), (obs_agent, obs, R_obs) = pioneer, observer
@@ -94,17 +96,18 @@ class CORYCC(CORY):
         joint = joint_batch(pio, obs, self.pad_token_id)
         v1, v2 = self.critic.values(joint)
         pio.values, obs.values = v1 * pio.response_mask, v2 * obs.response_mask
-        # 5b. two PPO updates with those values (GAE on each agent's own KL-shaped rewards)
-        stats_pio = pio_agent.learn(pio, torch.tensor(R_pio))
-        stats_obs = obs_agent.learn(obs, torch.tensor(R_obs))
-        # 5c. the critic learns both agents' returns (skipped with an actor's update, on a non-finite input)
-        if pio_agent.returns is not None and obs_agent.returns is not None:
-            masks = (pio.response_mask, obs.response_mask)
-            c_pio, c_obs = self.critic.learn(
-                joint, (pio.values, obs.values), (pio_agent.returns, obs_agent.returns), masks
-            )
-            stats_pio, stats_obs = stats_pio | c_pio, stats_obs | c_obs
-        return stats_pio, stats_obs
+        # 5b. two PPO updates with those values (GAE on each agent's own KL-shaped rewards), as the schedule allows
+        stats = [self._learn(iteration, pio_agent, pio, R_pio), self._learn(iteration, obs_agent, obs, R_obs)]
+        # 5c. the critic learns the returns of the agents that learned (both, unless the schedule froze one), over
+        # their tokens only; skipped with an actor's update on a non-finite input (its returns are None then)
+        sides = ((pio_agent, pio), (obs_agent, obs))
+        learned = [self.learns(a.name, iteration) for a, _ in sides]
+        if any(learned) and all(a.returns is not None for (a, _), on in zip(sides, learned) if on):
+            returns = tuple(a.returns if on else torch.zeros_like(r.values) for (a, r), on in zip(sides, learned))
+            masks = tuple(r.response_mask * on for (_, r), on in zip(sides, learned))
+            critic_stats = self.critic.learn(joint, (pio.values, obs.values), returns, masks)
+            stats = [s | c if on else s for s, c, on in zip(stats, critic_stats, learned)]
+        return stats[0], stats[1]
 
     def parameters(self):
         yield from self.team.parameters()

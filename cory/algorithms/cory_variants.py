@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 from cory.algorithms.base import RunContext, StepOutput
 from cory.algorithms.cory import CORY, episode_samples, play
+from cory.algorithms.cory_cc import CORYCC
 from cory.algorithms.team import AgentTeam, TeamAlgorithm
 from cory.errors import ConfigError
 from cory.metrics import AGENT_PLACEHOLDER, role_key
@@ -104,6 +105,7 @@ def cory_variant(
     schedule: str,
     interleave_period: int,
     policy_sharing: str,
+    critic: str = "per_agent",
     *,
     context: RunContext,
 ) -> ScheduledCORY | SharedPolicyCORY:
@@ -121,14 +123,16 @@ def cory_variant(
         schedule,
         interleave_period,
         policy_sharing,
+        critic,
         context=context,
     )
 
 
-def _variant_name(schedule: str, policy_sharing: str) -> str:
+def _variant_name(schedule: str, policy_sharing: str, critic: str = "per_agent") -> str:
+    base = "cory_cc" if critic == "centralized" else "cory"
     if policy_sharing != "separate":
-        return f"cory_{policy_sharing}" + ("" if schedule == "simultaneous" else f"_{schedule}")
-    return "cory" if schedule == "role_swap" else f"cory_{schedule}"
+        return f"{base}_{policy_sharing}" + ("" if schedule == "simultaneous" else f"_{schedule}")
+    return base if schedule == "role_swap" else f"{base}_{schedule}"
 
 
 class RoleAdapters:
@@ -138,7 +142,8 @@ class RoleAdapters:
         self._backbone, self._adapters = backbone, adapters
 
     def policy(self, name: str, init_seed: int):
-        return self._backbone.policy(self._adapters[name], init_seed)
+        # an agent's adapter is named after its role; another handle (the centralised critic's) keeps its name
+        return self._backbone.policy(self._adapters.get(name, name), init_seed)
 
     def __getattr__(self, attr: str):  # the tokenizer, the reference, the LoRA settings: the backbone's own
         return getattr(self._backbone, attr)
@@ -162,10 +167,11 @@ def _role_adapters(context: RunContext, learner) -> RunContext:
     return dataclasses.replace(context, backbone=lambda: roles)
 
 
-class ScheduledCORY(CORY):
-    """CORY's two agents with `schedule` and `policy_sharing` in {separate, lora_per_role} (module docstring).
+class ScheduledCORY(CORYCC):
+    """CORY's two agents with `schedule` and `policy_sharing` in {separate, lora_per_role} (module docstring), with
+    each agent's own value head or one centralised critic (`critic`, `cory/algorithms/cory_cc.py`).
 
-    CORY's iteration (Alg. 1) runs unchanged; only step 5 asks the schedule whether each agent learns.
+    CORY's iteration (Alg. 1) runs unchanged; only step 5 asks the schedule whether each agent learns (`learns`).
     """
 
     def __init__(
@@ -181,6 +187,7 @@ class ScheduledCORY(CORY):
         schedule: str,
         interleave_period: int,
         policy_sharing: str,
+        critic: str = "per_agent",
         *,
         context: RunContext,
     ) -> None:
@@ -192,6 +199,7 @@ class ScheduledCORY(CORY):
             context = _role_adapters(context, agent)
         super().__init__(
             agent,
+            critic,
             knowledge_transfer,
             role_exchange,
             swap_period,
@@ -204,11 +212,14 @@ class ScheduledCORY(CORY):
         self.updates = dict.fromkeys(self.team.agents, 0)
 
     def describe(self) -> dict:
-        return super().describe() | {
-            "algorithm": _variant_name(self.schedule, self.policy_sharing),
+        identity = super().describe() | {
+            "algorithm": _variant_name(self.schedule, self.policy_sharing, self.critic_mode),
             "schedule": self.schedule,
             "policy_sharing": self.policy_sharing,
         }
+        if self.critic is None:  # each agent's own value head, as CORY: not named
+            identity.pop("critic")
+        return identity
 
     def learns(self, agent_id: str, iteration: int) -> bool:
         """Whether `agent_id` takes its update in iteration k: always, except with `interleaved`, where llm1 learns
@@ -219,10 +230,9 @@ class ScheduledCORY(CORY):
         return list(self.team.agents).index(agent_id) == turn
 
     def _learn(self, iteration: int, agent, rollout, rewards: list[float]) -> dict[str, float]:
-        if not self.learns(agent.name, iteration):
-            return {"kl_coef": agent.kl_ctl.value}  # frozen: nothing of the agent is touched
-        self.updates[agent.name] += 1
-        return super()._learn(iteration, agent, rollout, rewards)
+        if self.learns(agent.name, iteration):
+            self.updates[agent.name] += 1
+        return super()._learn(iteration, agent, rollout, rewards)  # a frozen agent is not touched (CORY._learn)
 
     def step(self, iteration: int) -> StepOutput:
         out = super().step(iteration)
@@ -235,12 +245,11 @@ class ScheduledCORY(CORY):
                     out.metrics.pop(f"train/{agent_id}/{name}", None)
         return out
 
-    def save(self, directory: Path) -> None:
-        self.team.save(directory, {"roles": dict(self.roles), "swaps": self.swaps, "updates": dict(self.updates)})
+    def _state(self) -> dict:
+        return super()._state() | {"updates": dict(self.updates)}
 
-    def load(self, directory: Path) -> None:
-        state = self.team.load(directory)
-        self.roles, self.swaps = dict(state["roles"]), int(state["swaps"])
+    def _restore(self, state: dict) -> None:
+        super()._restore(state)
         self.updates = {agent_id: int(n) for agent_id, n in state["updates"].items()}
 
 
@@ -265,10 +274,16 @@ class SharedPolicyCORY(TeamAlgorithm):
         schedule: str,
         interleave_period: int,
         policy_sharing: str,
+        critic: str = "per_agent",
         *,
         context: RunContext,
     ) -> None:
         check_switches(schedule, interleave_period, policy_sharing, role_exchange, faithful_official_swap)
+        if critic != "per_agent":
+            raise ConfigError(
+                f"algorithm.critic={critic}: one shared policy has one value head for both roles "
+                "(algorithm.policy_sharing=shared takes algorithm.critic=per_agent)"
+            )
         if policy_sharing != "shared":
             raise ConfigError(f"algorithm.policy_sharing={policy_sharing}: SharedPolicyCORY is policy_sharing=shared")
         self.knowledge_transfer, self.w_self, self.w_other = knowledge_transfer, w_self, w_other

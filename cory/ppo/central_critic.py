@@ -181,8 +181,10 @@ class CentralCritic:
     ) -> tuple[dict[str, float], dict[str, float]]:
         """PPO epochs of the clipped value loss ½·mean max((V − G)², (clip(V, V_old ± ε) − G)²) over every response
         token of both agents (docs/method.md §10); `old`, `returns`, `masks` are (pioneer [B, T1], observer
-        [B, T2]). Returns each agent's statistics on its own tokens: value_loss, value_clipfrac, explained_variance."""
+        [B, T2]). Returns each agent's statistics on its own tokens: value_loss, value_clipfrac, explained_variance;
+        an agent whose mask is all zero (frozen by a schedule: no returns to learn) adds no tokens and gets `{}`."""
         cfg, B = self.config, len(joint.ids)
+        present = tuple(bool(mk.any()) for mk in masks)
         backward_batch = cfg.mini_batch_size * cfg.gradient_accumulation_steps
         stats: list[list[dict[str, float]]] = []
         for _ in range(cfg.ppo_epochs):
@@ -190,16 +192,19 @@ class CentralCritic:
             for b in range(0, B, backward_batch):
                 for m in range(b, b + backward_batch, cfg.mini_batch_size):
                     idx = torch.as_tensor(order[m : m + cfg.mini_batch_size])
-                    stats.append(self._train_minibatch(joint.select(idx), idx, old, returns, masks))
+                    stats.append(self._train_minibatch(joint.select(idx), idx, old, returns, masks, present))
                 self._optimizer_step()
         out = []
         for agent, (v, g, mk) in enumerate(zip(old, returns, masks)):
+            if not present[agent]:
+                out.append({})
+                continue
             row = {k: float(np.mean([s[agent][k] for s in stats])) for k in stats[0][agent]}
             row["explained_variance"] = ppo_core.explained_variance(v * mk, g, mk).item()
             out.append(row)
         return out[0], out[1]
 
-    def _train_minibatch(self, joint, idx, old, returns, masks) -> list[dict[str, float]]:
+    def _train_minibatch(self, joint, idx, old, returns, masks, present) -> list[dict[str, float]]:
         vpreds = self._forward(joint)
         parts = [
             (vp, o[idx].to(self.device), g[idx].to(self.device), mk[idx].float().to(self.device))
@@ -211,7 +216,10 @@ class CentralCritic:
         self.engine.backward(loss)  # ÷ gradient_accumulation_steps inside
         with torch.no_grad():
             per_agent = []
-            for vp, o, g, mk in parts:
+            for (vp, o, g, mk), on in zip(parts, present):
+                if not on:
+                    per_agent.append({})
+                    continue
                 agent_loss, clipfrac = ppo_core.value_loss(vp, o, g, mk, self.config.cliprange_value)
                 per_agent.append({"value_loss": agent_loss.item(), "value_clipfrac": clipfrac.item()})
         return per_agent
