@@ -1,6 +1,6 @@
 """CORY's two roles on other update schedules and weight layouts (docs/method.md §11).
 
-Two switches, each a key of the `cory_*` algorithm configs (`cory/conf/algorithm/cory_{interleaved,shared,
+Three switches, each a key of the `cory_*` algorithm configs (`cory/conf/algorithm/cory_{interleaved,shared,
 lora_roles}.yaml`), beside CORY's own:
 
 `schedule`: who takes a PPO update in iteration k, and whether the roles exchange.
@@ -21,8 +21,12 @@ lora_roles}.yaml`), beside CORY's own:
                  roles' samples in one PPO update per iteration (self-play, as in online self-play RL for language
                  models where one model plays attacker and defender): `SharedPolicyCORY`.
 
+`critic`: `per_agent` (each agent's own value head) or `centralized` (one critic on the joint sequence for both
+  actors, `cory/algorithms/cory_cc.py`: `ScheduledCORY` is a `CORYCC`); under `interleaved` the critic learns from
+  the learning agent's returns. One shared policy takes `per_agent` only.
+
 `cory_variant` (the configs' `_target_`) builds `SharedPolicyCORY` for `policy_sharing=shared` and `ScheduledCORY`
-otherwise; `schedule=role_swap, policy_sharing=separate` is CORY itself, bit for bit.
+otherwise; `schedule=role_swap, policy_sharing=separate, critic=per_agent` is CORY itself, bit for bit.
 """
 
 from __future__ import annotations
