@@ -8,6 +8,7 @@ Shared code lives in the `helpers` package; no test module imports this file.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import TYPE_CHECKING
 
@@ -41,6 +42,22 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(autouse=True)
+def _hydra_logging_undone():
+    """An in-process `cory.train` lets Hydra configure the root logger: a file handler in that test's run folder
+    (removed again when the run is refused) and a console handler on that test's captured stdout. Left in place,
+    a later test's log line (a transformers warning) reaches them once some library has closed them, and the
+    handler reopens a file in a folder that no longer exists. Each test ends with the root logger as it found it
+    (pytest's own capture handlers come and go by themselves)."""
+    root = logging.getLogger()
+    before, level = list(root.handlers), root.level
+    yield
+    for handler in [h for h in root.handlers if h not in before and not type(h).__module__.startswith("_pytest")]:
+        root.removeHandler(handler)
+        handler.close()
+    root.setLevel(level)
 
 
 def pytest_collection_modifyitems(config, items):
