@@ -11,6 +11,8 @@ The jobs are exactly those of `python -m cory.train -m <the same overrides>`: th
 - skips a job whose folder holds a `summary.json` with `completed: true`,
 - resumes one whose folder holds a run (`run_config.yaml`) with `python -m cory.train resume=<folder>`,
 - starts the others afresh.
+With `--results`, a job whose folder is gone (another machine, a lost session) but whose kept files there hold a
+finished run is not run again: its files go back into its folder, and it counts as finished.
 So a sweep killed at any point (Ctrl-C, `kill`, a reboot) continues where its checkpoints stand. Ctrl-C or SIGTERM
 to this driver is passed once to every running job, which finishes its iteration, checkpoints and exits; if the
 driver itself is killed with SIGKILL, its jobs get SIGTERM (Linux). Each job's output goes to `<DIR>/logs/`.
@@ -103,6 +105,26 @@ def collect(folder: Path, dest: Path) -> None:
     for name, kept_as in PASSK_FILES.items():
         if (folder / PASSK / name).is_file():
             shutil.copyfile(folder / PASSK / name, dest / kept_as)
+
+
+def restore(kept: Path, folder: Path, evaluate: bool = False) -> bool:
+    """Put a finished run's kept small files (`collect`) back into its absent `folder`, where they were; True if done.
+
+    A sweep that outlives its machine: the run folders (with their checkpoints) are gone, the committed results are
+    not. A job whose results hold a completed summary (and its pass@k with `evaluate`) is then finished, not run
+    again, and the sweep's summary still counts it.
+    """
+    if folder.exists() or state(kept, evaluate=False) != "done" or (evaluate and not (kept / "passk.json").is_file()):
+        return False
+    for name in RESULT_FILES:
+        if (kept / Path(name).name).is_file():
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(kept / Path(name).name, folder / name)
+    for name, kept_as in PASSK_FILES.items():
+        if (kept / kept_as).is_file():
+            (folder / PASSK).mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(kept / kept_as, folder / PASSK / name)
+    return True
 
 
 def evaluate_command(folder: Path, args: list[str]) -> list[str]:
@@ -246,7 +268,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         todo = []
         for i, (job, folder) in enumerate(zip(jobs, folders, strict=True)):
-            name, how = str(folder.relative_to(root)), state(folder, evaluate)
+            name = str(folder.relative_to(root))
+            if args.results is not None and restore(args.results / name, folder, evaluate):
+                print(f"[sweep] skip (finished; its files restored from {args.results / name}): {name}")
+                continue
+            how = state(folder, evaluate)
             if how == "done":
                 print(f"[sweep] skip (finished): {name}")
                 if args.results is not None:

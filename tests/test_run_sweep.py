@@ -147,3 +147,26 @@ def test_evaluate_scores_each_trained_run_once_and_keeps_its_passk_with_the_resu
     assert "cory.evaluate" in printed and "cory.train" not in printed.split("[sweep] start", 1)[1]
     assert (run / "starts.jsonl").read_text() == starts and (kept / "passk.json").is_file()
     assert run_sweep.main(args) == 0 and "skip (finished): run/seed=0" in capsys.readouterr().out
+
+
+def test_a_run_whose_folder_is_gone_but_whose_results_are_kept_is_not_run_again(tmp_path, capsys):
+    """A sweep continued on a fresh machine: the committed small files of a finished run stand for it (they go back
+    into its folder and the sweep's summary counts it); kept files without the pass@k `--evaluate` owes do not."""
+    committed = REPO / "outputs" / "family_cpu" / "results" / "algorithm=ppo" / "seed=0"  # a real finished run
+    out, results = tmp_path / "sweep", tmp_path / "results"
+    shutil.copytree(committed, results / "run" / "seed=0")
+    args = ["--dir", str(out), "--results", str(results), "--evaluate", "--n 16",
+            "experiment=gsm8k_cpu", "algorithm=ppo", "seed=0"]  # fmt: skip
+    assert run_sweep.main(args) == 0
+    printed = capsys.readouterr().out
+    assert "skip (finished; its files restored from" in printed and "0 to run" in printed and "start" not in printed
+    run = out / "run" / "seed=0"
+    assert (run / ".hydra" / "overrides.yaml").read_bytes() == (committed / "overrides.yaml").read_bytes()
+    assert (run / run_sweep.PASSK / "results.jsonl").read_bytes() == (committed / "passk_results.jsonl").read_bytes()
+    assert "ppo,0.01,0,llm1,0.53125,1.70132" in (out / "frontier.csv").read_text()  # the restored run is summarised
+
+    (results / "run" / "seed=0" / "passk.json").unlink()  # trained, but its pass@k was never kept
+    assert not run_sweep.restore(results / "run" / "seed=0", tmp_path / "elsewhere", evaluate=True)
+    assert not (tmp_path / "elsewhere").exists()
+    assert run_sweep.restore(results / "run" / "seed=0", tmp_path / "elsewhere", evaluate=False)
+    assert not run_sweep.restore(results / "run" / "seed=0", run, evaluate=False)  # a folder that is there stays
