@@ -144,6 +144,32 @@ def test_the_entrypoint_runs_maft_smoke_and_a_finished_run_is_not_redone(tmp_pat
     assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in before} == before
 
 
+MAFT_CPU = REPO / "outputs" / "maft_cpu" / "results"  # the committed CPU runs of docs/maft.md
+PAIRED = [  # (A, its rounds, B, its rounds, statistic): the comparisons docs/maft.md reports
+    ("maft", 2, "maft", 0, "vote"),
+    ("maft", 1, "maft", 0, "vote"),
+    ("single_ft", 2, "maft", 2, "vote"),
+    ("single_ft", 2, "maft", 2, "round1_majority"),
+    ("single_ft", 2, "maft", 2, "single_sample"),
+]
+
+
+def test_docs_maft_prints_what_the_committed_cpu_runs_hold():
+    """The tables' debate-vote rows are the committed summaries' accuracies ± s.e., and every paired difference the
+    page states is what `scripts/paired_test.py` computes from the committed per-problem outcomes."""
+    text = " ".join((REPO / "docs" / "maft.md").read_text().split()).replace("−", "-")
+    for run in ("maft", "single_ft"):
+        rounds = json.loads((MAFT_CPU / run / "summary.json").read_text())["rounds"]
+        assert len(rounds) == 3
+        assert " | ".join(f"{r['accuracy']:.3f} ± {r['se']:.3f}" for r in rounds) in text.replace("**", ""), run
+    for a, k_a, b, k_b, stat in PAIRED:
+        evaluations = [(MAFT_CPU / run / "eval_outcomes.jsonl", k) for run, k in ((a, k_a), (b, k_b))]
+        test, _, _ = paired_test.compare(*evaluations, stat)
+        assert test.n == 64 and f"{test.difference:+.3f} ± {test.se:.3f}" in text, (a, k_a, b, k_b, stat)
+        if test.p is not None and test.b != test.c:
+            assert f"b = {test.b}, c = {test.c}" in text or f"right on {test.b} problems" in text
+
+
 @pytest.mark.parametrize(
     ("override", "message"),
     [
