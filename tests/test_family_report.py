@@ -79,3 +79,18 @@ def test_the_report_writes_its_files_and_refuses_an_empty_folder(tmp_path, capsy
     report = json.loads((tmp_path / "out" / "family.json").read_text())
     assert list(report["algorithms"]) == ["grpo"]
     assert "| GRPO | llm1 | 1 | 0.500 (1 seed) |" in (tmp_path / "out" / "family.md").read_text()
+
+
+@pytest.mark.parametrize("study", ["family", "family_cpu"])
+def test_the_committed_tables_are_what_the_committed_runs_give(study, tmp_path):
+    """`outputs/<study>/family.md` is the report of the committed results, and every algorithm's accuracy, KL and
+    pass@k cells in it are the ones docs/results.md prints."""
+    assert family_report.main([str(REPO / "outputs" / study / "results"), "--out", str(tmp_path)]) == 0
+    table = (tmp_path / "family.md").read_text()
+    assert table == (REPO / "outputs" / study / "family.md").read_text()
+    results = (REPO / "docs" / "results.md").read_text().replace("**", "")  # bold marks the best cells
+    rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| ") and " | llm" in line]
+    assert rows
+    for cells in rows:
+        numbers = [c for c in cells[3:-1] if "±" in c or "seed" in c]  # accuracy, KL, pass@k, greedy
+        assert numbers and all(c in results for c in numbers), cells
