@@ -1,4 +1,5 @@
-"""The offline environment, the `smoke_cfg` fixture, one torch thread per test and the `gpu` marker's skip.
+"""The offline environment, the `smoke_cfg` fixture, one torch thread per test, the root logger restored after each
+test and the `gpu` marker's skip.
 
 Everything runs offline on a CPU: the Hub, datasets and W&B are never contacted (a Hub lookup would otherwise
 retry for 25–50 s, and an inherited W&B key would hang a run). Hydra and OmegaConf are imported only where a
