@@ -96,15 +96,20 @@ def state(folder: Path, evaluate: bool = False) -> str:
     return "resume" if (folder / "run_config.yaml").is_file() else "fresh"
 
 
+def kept_files() -> list[tuple[Path, str]]:
+    """(path in a run folder, name among its kept results) for every file `--results` keeps: `RESULT_FILES` under
+    their own names (`.hydra/x` becomes `x`), the pass@k files under `PASSK_FILES`' names."""
+    return [(Path(name), Path(name).name) for name in RESULT_FILES] + [
+        (PASSK / name, kept_as) for name, kept_as in PASSK_FILES.items()
+    ]
+
+
 def collect(folder: Path, dest: Path) -> None:
-    """Copy a finished run's `RESULT_FILES` to `dest` (the same relative names; `.hydra/x` becomes `x`)."""
+    """Copy a finished run's kept files (`kept_files`) to `dest`."""
     dest.mkdir(parents=True, exist_ok=True)
-    for name in RESULT_FILES:
-        if (folder / name).is_file():
-            shutil.copyfile(folder / name, dest / Path(name).name)
-    for name, kept_as in PASSK_FILES.items():
-        if (folder / PASSK / name).is_file():
-            shutil.copyfile(folder / PASSK / name, dest / kept_as)
+    for path, kept_as in kept_files():
+        if (folder / path).is_file():
+            shutil.copyfile(folder / path, dest / kept_as)
 
 
 def restore(kept: Path, folder: Path, evaluate: bool = False) -> bool:
@@ -116,14 +121,10 @@ def restore(kept: Path, folder: Path, evaluate: bool = False) -> bool:
     """
     if folder.exists() or state(kept, evaluate=False) != "done" or (evaluate and not (kept / "passk.json").is_file()):
         return False
-    for name in RESULT_FILES:
-        if (kept / Path(name).name).is_file():
-            (folder / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(kept / Path(name).name, folder / name)
-    for name, kept_as in PASSK_FILES.items():
+    for path, kept_as in kept_files():
         if (kept / kept_as).is_file():
-            (folder / PASSK).mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(kept / kept_as, folder / PASSK / name)
+            (folder / path).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(kept / kept_as, folder / path)
     return True
 
 
