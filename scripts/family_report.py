@@ -13,12 +13,18 @@ Reads each finished run's small files under `RESULTS/algorithm=<name>/seed=<n>/`
   a run costs alone when several share a machine).
 Each value is `mean ± s.d. [min–max]` over the seeds (s.d. with n − 1; one seed: the value alone). A run that has
 not finished (`completed` not true) is left out and counted.
+
+Then each algorithm's agents against the reference (PPO's llm1, the sweep's first): the difference of the means over
+seeds and its 95 % Welch t interval. The seeds of two algorithms are independent runs (seed n of PPO and of CORY
+share no training randomness that would pair them), so the unpaired interval with Welch–Satterthwaite degrees of
+freedom is the one that does not claim more than the seeds give; it needs two seeds on each side.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -36,6 +42,25 @@ NAMES = {
     "cory_shared": "CORY, one shared policy",
 }
 PASSK = ("pass@1", "pass@4", "pass@16", "greedy_accuracy")
+REFERENCE = ("ppo", "llm1")  # what every other agent is compared with
+COMPARED = ("accuracy", "pass@1", "pass@16", "kl")  # the columns of the difference table
+
+
+def welch(a: list[float], b: list[float], level: float = 0.95) -> dict | None:
+    """mean(a) − mean(b) with its Welch t interval: s.e. = √(s_a²/n_a + s_b²/n_b), degrees of freedom by
+    Welch–Satterthwaite; None unless both sides have two values or more. With no spread on either side the interval
+    is the difference itself."""
+    if len(a) < 2 or len(b) < 2:
+        return None
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    diff, se = statistics.fmean(a) - statistics.fmean(b), math.sqrt(va + vb)
+    if se == 0:
+        return {"diff": diff, "se": 0.0, "df": math.inf, "ci95": [diff, diff]}
+    from scipy import stats
+
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    half = stats.t.ppf(0.5 + level / 2, df) * se
+    return {"diff": diff, "se": se, "df": df, "ci95": [diff - half, diff + half]}
 
 
 def spread(values: list[float]) -> dict | None:
@@ -43,7 +68,14 @@ def spread(values: list[float]) -> dict | None:
     if not values:
         return None
     sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return {"mean": statistics.fmean(values), "sd": sd, "min": min(values), "max": max(values), "n": len(values)}
+    return {
+        "mean": statistics.fmean(values),
+        "sd": sd,
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+        "values": list(values),
+    }
 
 
 def _read(folder: Path) -> dict | None:
@@ -103,6 +135,26 @@ def family(results: Path) -> dict:
             base = out["base"].setdefault(seed, {"accuracy": initial.get("task_reward")})
             if run["passk"] and "base" in run["passk"]:
                 base.update({key: run["passk"]["base"][key] for key in PASSK})
+    out["reference"] = "/".join(REFERENCE)
+    out["differences"] = differences(out["algorithms"])
+    return out
+
+
+def differences(algorithms: dict) -> dict:
+    """Every other algorithm's agents minus the reference agent, per compared column (`welch`; module docstring)."""
+    name, agent_id = REFERENCE
+    if name not in algorithms:
+        return {}
+    ref = algorithms[name]["agents"][agent_id]
+    out: dict = {}
+    for other, algo in algorithms.items():
+        if other == name:
+            continue
+        for agent, row in algo["agents"].items():
+            out.setdefault(other, {})[agent] = {
+                key: welch(row[key]["values"], ref[key]["values"]) if row[key] and ref[key] else None
+                for key in COMPARED
+            }
     return out
 
 
@@ -112,6 +164,13 @@ def _cell(s: dict | None, digits: int = 3) -> str:
     if s["n"] == 1:
         return f"{s['mean']:.{digits}f} (1 seed)"
     return f"{s['mean']:.{digits}f} ± {s['sd']:.{digits}f} [{s['min']:.{digits}f}–{s['max']:.{digits}f}]"
+
+
+def _diff(d: dict | None, digits: int) -> str:
+    if d is None:
+        return "—"
+    low, high = d["ci95"]
+    return f"{d['diff']:+.{digits}f} [{low:+.{digits}f}, {high:+.{digits}f}]"
 
 
 def markdown(report: dict) -> str:
@@ -139,6 +198,21 @@ def markdown(report: dict) -> str:
         for seed, base in sorted(report["base"].items()):
             values = [base.get("accuracy"), *(base.get(key) for key in PASSK)]
             lines.append(f"| {seed} | " + " | ".join("—" if v is None else f"{v:.3f}" for v in values) + " |")
+    if report.get("differences"):
+        name, agent_id = report["reference"].split("/")
+        lines += [
+            "",
+            f"Difference to {NAMES.get(name, name)} {agent_id} (mean over seeds, 95 % Welch t interval; — where "
+            "a side has fewer than two seeds):",
+            "",
+            "| algorithm | agent | held-out accuracy | pass@1 | pass@16 | KL_seq (nats) |",
+            "|---|---|---|---|---|---|",
+        ]
+        for other, agents in report["differences"].items():
+            for i, (agent, row) in enumerate(agents.items()):
+                label = NAMES.get(other, other) if i == 0 else ""
+                cells = [_diff(row[key], 2 if key == "kl" else 3) for key in COMPARED]
+                lines.append(f"| {label} | {agent} | " + " | ".join(cells) + " |")
     if report["unfinished"]:
         lines += ["", f"Not finished (left out): {', '.join(report['unfinished'])}."]
     return "\n".join(lines) + "\n"

@@ -71,6 +71,32 @@ def test_spreads_pass_at_k_base_and_timing_are_the_hand_computed_ones(tmp_path):
     assert "0.300 (1 seed)" in table and "Not finished (left out): algorithm=cory/seed=2." in table
 
 
+def test_each_agent_is_compared_with_ppo_by_welch_intervals_over_seeds(tmp_path):
+    for seed, acc in enumerate([0.5, 0.6, 0.7]):
+        _run(tmp_path, "ppo", seed, {"llm1": (acc, 1.0 + seed)}, [1.0], {"llm1": _passk(acc)})
+    _run(tmp_path, "cory", 0, {"llm1": (0.4, 2.0), "llm2": (0.2, 1.0)}, [1.0], {"llm1": _passk(0.3)})
+    _run(tmp_path, "cory", 1, {"llm1": (0.6, 4.0), "llm2": (0.4, 3.0)}, [1.0])
+    report = family_report.family(tmp_path)
+    assert report["reference"] == "ppo/llm1" and list(report["differences"]) == ["cory"]
+    acc = report["differences"]["cory"]["llm1"]["accuracy"]
+    # by hand: 0.5 − 0.6; s.e.² = 0.02/2 + 0.01/3; Welch–Satterthwaite df = (1/75)² / (0.01²/1 + (1/300)²/2)
+    assert acc["diff"] == pytest.approx(-0.1)
+    assert acc["se"] == pytest.approx(math.sqrt(0.01 + 0.01 / 3))
+    assert acc["df"] == pytest.approx(32 / 19)
+    from scipy import stats
+
+    half = stats.t.ppf(0.975, 32 / 19) * math.sqrt(0.01 + 0.01 / 3)
+    assert acc["ci95"] == pytest.approx([-0.1 - half, -0.1 + half])
+    assert report["differences"]["cory"]["llm2"]["accuracy"]["diff"] == pytest.approx(-0.3)
+    assert report["differences"]["cory"]["llm1"]["kl"]["diff"] == pytest.approx(1.0)  # mean(2, 4) − mean(1, 2, 3)
+    assert report["differences"]["cory"]["llm1"]["pass@1"] is None  # one scored seed: no interval
+    assert family_report.welch([1.0, 1.0], [0.0, 0.0])["ci95"] == [1.0, 1.0]  # no spread on either side
+    assert family_report.welch([1.0], [0.0, 1.0]) is None
+    table = family_report.markdown(report)
+    ci = acc["ci95"]
+    assert f"| CORY | llm1 | -0.100 [{ci[0]:+.3f}, {ci[1]:+.3f}] | — |" in table
+
+
 def test_the_report_writes_its_files_and_refuses_an_empty_folder(tmp_path, capsys):
     assert family_report.main([str(tmp_path / "none"), "--out", str(tmp_path / "out")]) == 2
     assert "no finished run results" in capsys.readouterr().out
@@ -84,7 +110,7 @@ def test_the_report_writes_its_files_and_refuses_an_empty_folder(tmp_path, capsy
 @pytest.mark.parametrize("study", ["family", "family_cpu"])
 def test_the_committed_tables_are_what_the_committed_runs_give(study, tmp_path):
     """`outputs/<study>/family.md` is the report of the committed results, and every algorithm's accuracy, KL and
-    pass@k cells in it are the ones docs/results.md prints."""
+    pass@k cells in it, and every difference to PPO that has an interval, are the ones docs/results.md prints."""
     assert family_report.main([str(REPO / "outputs" / study / "results"), "--out", str(tmp_path)]) == 0
     table = (tmp_path / "family.md").read_text()
     assert table == (REPO / "outputs" / study / "family.md").read_text()
@@ -92,5 +118,7 @@ def test_the_committed_tables_are_what_the_committed_runs_give(study, tmp_path):
     rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| ") and " | llm" in line]
     assert rows
     for cells in rows:
-        numbers = [c for c in cells[3:-1] if "±" in c or "seed" in c]  # accuracy, KL, pass@k, greedy
-        assert numbers and all(c in results for c in numbers), cells
+        cells = [c.strip(" |") for c in cells]
+        numbers = [c for c in cells[2:] if "[" in c or "seed" in c]  # accuracy, KL, pass@k, greedy; differences
+        assert numbers or len(cells) == 6, cells  # a difference row may be all "—" (a side with one seed)
+        assert all(c in results for c in numbers), cells
