@@ -14,10 +14,12 @@ Reads each finished run's small files under `RESULTS/algorithm=<name>/seed=<n>/`
 Each value is `mean ± s.d. [min–max]` over the seeds (s.d. with n − 1; one seed: the value alone). A run that has
 not finished (`completed` not true) is left out and counted.
 
-Then each algorithm's agents against the reference (PPO's llm1, the sweep's first): the difference of the means over
-seeds and its 95 % Welch t interval. The seeds of two algorithms are independent runs (seed n of PPO and of CORY
-share no training randomness that would pair them), so the unpaired interval with Welch–Satterthwaite degrees of
-freedom is the one that does not claim more than the seeds give; it needs two seeds on each side.
+Then two comparisons, each the difference of the means over seeds with its 95 % Welch t interval: every agent against
+PPO's llm1 (the sweep's baseline), and each CORY variant's agents against plain CORY's same agent (what the variant
+changes: the critic, the schedule, the sharing; the shared policy's one agent against CORY's llm1). The seeds of two
+algorithms are independent runs (seed n of PPO and of CORY share no training randomness that would pair them), so
+the unpaired interval with Welch–Satterthwaite degrees of freedom is the one that does not claim more than the seeds
+give; it needs two seeds on each side.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ NAMES = {
     "cory_shared": "CORY, one shared policy",
 }
 PASSK = ("pass@1", "pass@4", "pass@16", "greedy_accuracy")
-REFERENCE = ("ppo", "llm1")  # what every other agent is compared with
+# (reference algorithm, its agent or None for "the same agent", the algorithms compared with it or None for all)
+COMPARISONS = (("ppo", "llm1", None), ("cory", None, ("cory_cc", "cory_interleaved", "cory_shared")))
 COMPARED = ("accuracy", "pass@1", "pass@16", "kl")  # the columns of the difference table
 
 
@@ -135,22 +138,25 @@ def family(results: Path) -> dict:
             base = out["base"].setdefault(seed, {"accuracy": initial.get("task_reward")})
             if run["passk"] and "base" in run["passk"]:
                 base.update({key: run["passk"]["base"][key] for key in PASSK})
-    out["reference"] = "/".join(REFERENCE)
-    out["differences"] = differences(out["algorithms"])
+    out["differences"] = {
+        f"{name}/{agent_id or 'same agent'}": differences(out["algorithms"], name, agent_id, compared)
+        for name, agent_id, compared in COMPARISONS
+        if name in out["algorithms"]
+    }
     return out
 
 
-def differences(algorithms: dict) -> dict:
-    """Every other algorithm's agents minus the reference agent, per compared column (`welch`; module docstring)."""
-    name, agent_id = REFERENCE
-    if name not in algorithms:
-        return {}
-    ref = algorithms[name]["agents"][agent_id]
+def differences(algorithms: dict, name: str, agent_id: str | None, compared: tuple | None) -> dict:
+    """Agents of the `compared` algorithms (all others when None) minus `name`'s agent `agent_id` (None: the same
+    agent id), per compared column (`welch`; module docstring)."""
     out: dict = {}
     for other, algo in algorithms.items():
-        if other == name:
+        if other == name or (compared is not None and other not in compared):
             continue
         for agent, row in algo["agents"].items():
+            ref = algorithms[name]["agents"].get(agent_id or agent)
+            if ref is None:
+                continue
             out.setdefault(other, {})[agent] = {
                 key: welch(row[key]["values"], ref[key]["values"]) if row[key] and ref[key] else None
                 for key in COMPARED
@@ -198,17 +204,19 @@ def markdown(report: dict) -> str:
         for seed, base in sorted(report["base"].items()):
             values = [base.get("accuracy"), *(base.get(key) for key in PASSK)]
             lines.append(f"| {seed} | " + " | ".join("—" if v is None else f"{v:.3f}" for v in values) + " |")
-    if report.get("differences"):
-        name, agent_id = report["reference"].split("/")
+    for reference, rows in report["differences"].items():
+        if not rows:
+            continue
+        name, agent_id = reference.split("/")
         lines += [
             "",
-            f"Difference to {NAMES.get(name, name)} {agent_id} (mean over seeds, 95 % Welch t interval; — where "
+            f"Difference to {NAMES.get(name, name)}, {agent_id} (mean over seeds, 95 % Welch t interval; — where "
             "a side has fewer than two seeds):",
             "",
             "| algorithm | agent | held-out accuracy | pass@1 | pass@16 | KL_seq (nats) |",
             "|---|---|---|---|---|---|",
         ]
-        for other, agents in report["differences"].items():
+        for other, agents in rows.items():
             for i, (agent, row) in enumerate(agents.items()):
                 label = NAMES.get(other, other) if i == 0 else ""
                 cells = [_diff(row[key], 2 if key == "kl" else 3) for key in COMPARED]

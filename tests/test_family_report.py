@@ -76,9 +76,13 @@ def test_each_agent_is_compared_with_ppo_by_welch_intervals_over_seeds(tmp_path)
         _run(tmp_path, "ppo", seed, {"llm1": (acc, 1.0 + seed)}, [1.0], {"llm1": _passk(acc)})
     _run(tmp_path, "cory", 0, {"llm1": (0.4, 2.0), "llm2": (0.2, 1.0)}, [1.0], {"llm1": _passk(0.3)})
     _run(tmp_path, "cory", 1, {"llm1": (0.6, 4.0), "llm2": (0.4, 3.0)}, [1.0])
+    _run(tmp_path, "cory_cc", 0, {"llm1": (0.5, 1.0), "llm2": (0.5, 1.0)}, [1.0])
+    _run(tmp_path, "cory_cc", 1, {"llm1": (0.7, 1.0), "llm2": (0.5, 1.0)}, [1.0])
     report = family_report.family(tmp_path)
-    assert report["reference"] == "ppo/llm1" and list(report["differences"]) == ["cory"]
-    acc = report["differences"]["cory"]["llm1"]["accuracy"]
+    assert list(report["differences"]) == ["ppo/llm1", "cory/same agent"]
+    against_ppo, against_cory = report["differences"]["ppo/llm1"], report["differences"]["cory/same agent"]
+    assert list(against_ppo) == ["cory", "cory_cc"] and list(against_cory) == ["cory_cc"]
+    acc = against_ppo["cory"]["llm1"]["accuracy"]
     # by hand: 0.5 − 0.6; s.e.² = 0.02/2 + 0.01/3; Welch–Satterthwaite df = (1/75)² / (0.01²/1 + (1/300)²/2)
     assert acc["diff"] == pytest.approx(-0.1)
     assert acc["se"] == pytest.approx(math.sqrt(0.01 + 0.01 / 3))
@@ -87,14 +91,19 @@ def test_each_agent_is_compared_with_ppo_by_welch_intervals_over_seeds(tmp_path)
 
     half = stats.t.ppf(0.975, 32 / 19) * math.sqrt(0.01 + 0.01 / 3)
     assert acc["ci95"] == pytest.approx([-0.1 - half, -0.1 + half])
-    assert report["differences"]["cory"]["llm2"]["accuracy"]["diff"] == pytest.approx(-0.3)
-    assert report["differences"]["cory"]["llm1"]["kl"]["diff"] == pytest.approx(1.0)  # mean(2, 4) − mean(1, 2, 3)
-    assert report["differences"]["cory"]["llm1"]["pass@1"] is None  # one scored seed: no interval
+    assert against_ppo["cory"]["llm2"]["accuracy"]["diff"] == pytest.approx(-0.3)  # against PPO's llm1
+    assert against_ppo["cory"]["llm1"]["kl"]["diff"] == pytest.approx(1.0)  # mean(2, 4) − mean(1, 2, 3)
+    assert against_ppo["cory"]["llm1"]["pass@1"] is None  # one scored seed: no interval
+    # each variant's agent against CORY's same agent: llm2 0.5 − mean(0.2, 0.4); s.e.² = 0 + 0.02/2, df = 1
+    llm2 = against_cory["cory_cc"]["llm2"]["accuracy"]
+    assert llm2["diff"] == pytest.approx(0.2) and llm2["se"] == pytest.approx(0.1) and llm2["df"] == pytest.approx(1)
+    assert against_cory["cory_cc"]["llm1"]["accuracy"]["diff"] == pytest.approx(0.1)  # 0.6 − 0.5
     assert family_report.welch([1.0, 1.0], [0.0, 0.0])["ci95"] == [1.0, 1.0]  # no spread on either side
     assert family_report.welch([1.0], [0.0, 1.0]) is None
     table = family_report.markdown(report)
     ci = acc["ci95"]
     assert f"| CORY | llm1 | -0.100 [{ci[0]:+.3f}, {ci[1]:+.3f}] | — |" in table
+    assert "Difference to PPO, llm1" in table and "Difference to CORY, same agent" in table
 
 
 def test_the_report_writes_its_files_and_refuses_an_empty_folder(tmp_path, capsys):
