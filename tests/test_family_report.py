@@ -1,6 +1,7 @@
 """The family sweep's table (`scripts/family_report.py`) on hand-made run results with hand-computed spreads: the
 per-agent mean ± s.d. [min–max] over seeds, pass@k from the runs that have it, the base model per seed, the median
-seconds per iteration, unfinished runs left out and named."""
+seconds per iteration, unfinished runs left out and named; the Welch intervals of each agent against PPO and of
+each CORY variant against CORY."""
 
 from __future__ import annotations
 
@@ -71,7 +72,7 @@ def test_spreads_pass_at_k_base_and_timing_are_the_hand_computed_ones(tmp_path):
     assert "0.300 (1 seed)" in table and "Not finished (left out): algorithm=cory/seed=2." in table
 
 
-def test_each_agent_is_compared_with_ppo_by_welch_intervals_over_seeds(tmp_path):
+def test_agents_are_compared_with_ppo_and_variants_with_cory_by_welch_intervals_over_seeds(tmp_path):
     for seed, acc in enumerate([0.5, 0.6, 0.7]):
         _run(tmp_path, "ppo", seed, {"llm1": (acc, 1.0 + seed)}, [1.0], {"llm1": _passk(acc)})
     _run(tmp_path, "cory", 0, {"llm1": (0.4, 2.0), "llm2": (0.2, 1.0)}, [1.0], {"llm1": _passk(0.3)})
@@ -119,7 +120,8 @@ def test_the_report_writes_its_files_and_refuses_an_empty_folder(tmp_path, capsy
 @pytest.mark.parametrize("study", ["family", "family_cpu"])
 def test_the_committed_tables_are_what_the_committed_runs_give(study, tmp_path):
     """`outputs/<study>/family.md` is the report of the committed results, and every algorithm's accuracy, KL and
-    pass@k cells in it, and every difference to PPO that has an interval, are the ones docs/results.md prints."""
+    pass@k cells in it, and every difference (to PPO, to CORY) that has an interval, are the ones docs/results.md
+    prints."""
     assert family_report.main([str(REPO / "outputs" / study / "results"), "--out", str(tmp_path)]) == 0
     table = (tmp_path / "family.md").read_text()
     assert table == (REPO / "outputs" / study / "family.md").read_text()
