@@ -1,7 +1,7 @@
 """Checkpoint files: atomic writes, and reads that refuse a damaged, foreign or non-finite checkpoint in one line.
 
 A checkpoint `checkpoints/iter_<k>/` holds the algorithm's folder `algorithm/` (whatever its `save` writes: for
-PPO and CORY each agent's folder, `Agent.save`), the torch RNG states (safetensors) and `trainer.json`, written
+PPO and CORY each agent's folder, `cory.ppo.learner.Agent.save`), the torch RNG states (safetensors) and `trainer.json`, written
 last. The helpers `check_files`, `damaged` and `refuse_nonfinite` are what an algorithm's `load` uses to refuse
 its own files in the same one-line way. It is written into a temporary sibling and renamed, so a
 crash mid-write leaves the previous checkpoint intact. Reading checks, before anything is restored or any log
@@ -27,6 +27,9 @@ from cory import runtime
 from cory.errors import CheckpointError, writing
 
 ALGORITHM_DIR = "algorithm"
+# In `algorithm/`: the agent folders that hold a policy (weights a `cory.policy` handle loads), written by algorithms
+# whose agents can be evaluated alone or exported; what `cory.evaluate` and an export read, whatever the algorithm.
+POLICIES = "policies.json"
 CHECKPOINT_FORMAT = 3  # 3: the algorithm owns `algorithm/` (older checkpoints are refused, not misread)
 STATE_KEYS = (  # what trainer.json must hold (`pending_eval` is optional: older checkpoints have none)
     "format",
@@ -167,6 +170,23 @@ def refuse_nonfinite(tensors: Mapping[str, torch.Tensor], folder: Path, checkpoi
             f"checkpoint {checkpoint} holds non-finite values in {folder.relative_to(checkpoint)} ({shown}), so the "
             f"run cannot continue from it; {_FALLBACK}"
         )
+
+
+def write_policies(algorithm_dir: Path, folders: list[str]) -> None:
+    """Record which folders of a checkpoint's `algorithm/` hold policies (`POLICIES`)."""
+    (algorithm_dir / POLICIES).write_text(json.dumps(folders))
+
+
+def policy_folders(checkpoint: Path) -> list[str] | None:
+    """The policy folders a checkpoint's algorithm recorded (`write_policies`), or None when it recorded none."""
+    path = checkpoint / ALGORITHM_DIR / POLICIES
+    if not path.is_file():
+        return None
+    with damaged(path, checkpoint):
+        folders = json.loads(path.read_text())
+        if not isinstance(folders, list) or not all(isinstance(f, str) and "/" not in f for f in folders):
+            raise ValueError("not a list of folder names")
+    return folders
 
 
 def tensors_of(state: Mapping, prefix: str) -> dict[str, torch.Tensor]:

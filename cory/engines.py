@@ -32,13 +32,62 @@ import contextlib
 import math
 import warnings
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from cory import distributed, runtime
 from cory.errors import ConfigError
+
+
+class Processes:
+    """The run's data-parallel processes, as an update needs them: the mean of a number over processes and whether
+    every process agrees (one process: the value itself). Learners reach the process group only through this."""
+
+    @property
+    def count(self) -> int:
+        return distributed.world_size()
+
+    def mean(self, value: float) -> float:
+        """`value` averaged over processes (the KL the adaptive controller sees, TRL's `gather_stats`)."""
+        return distributed.mean(value)
+
+    def all(self, flag: bool) -> bool:
+        """True when `flag` holds on every process (an update skipped by one must be skipped by all: its gradient
+        exchanges are collective)."""
+        return all(distributed.every(flag))
+
+
+PROCESSES = Processes()
+
+
+class Engine(Protocol):
+    """What steps one trainee's parameters (`AdamStep`, `ZeroStep`, `FsdpStep`): `backward` on every minibatch,
+    `step` once per backward batch, the Adam state in torch's `state_dict` format, and the contexts in which whole
+    weights are read or written (no-ops unless the weights are sharded)."""
+
+    sharded: bool
+    processes: Processes
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer: ...
+
+    def backward(self, loss: torch.Tensor) -> None: ...
+
+    def step(self) -> bool: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def reset(self, learning_rate: float) -> None: ...
+
+    def forward_module(self, module: torch.nn.Module) -> torch.nn.Module: ...
+
+    def whole(self, modify: bool = False) -> contextlib.AbstractContextManager: ...
+
+    def generating(self) -> contextlib.AbstractContextManager: ...
 
 
 def new_engine(
@@ -48,7 +97,7 @@ def new_engine(
     max_grad_norm: float | None,
     micro_batch: int,
     accumulation: int,
-) -> AdamStep | ZeroStep | FsdpStep:
+) -> Engine:
     """The engine this run's hardware option asks for, stepping `params` (of `module`) with Adam at
     `learning_rate`: `accumulation` backward calls of `micro_batch` rows each per optimiser step."""
     if distributed.fsdp():
@@ -102,6 +151,7 @@ def adam(params: list[torch.nn.Parameter], learning_rate: float) -> torch.optim.
 class AdamStep:
     """A torch Adam on every process; gradients averaged over processes before each step (data parallel)."""
 
+    processes = PROCESSES
     sharded = False  # every process holds the whole state: rank 0 alone can write a checkpoint
 
     def __init__(
@@ -181,6 +231,7 @@ class ZeroStep:
     first (a second full-fine-tuning agent or a critic is a copy of the loaded model, which ZeRO-3 would already
     have sharded), and every process reaches the first use at the same point, as the collective start needs."""
 
+    processes = PROCESSES
     sharded = True  # the Adam state lives in pieces: every process takes part in a checkpoint (`state_dict`)
 
     def __init__(
@@ -390,6 +441,7 @@ class FsdpStep:
     generation runs on gathered weights with resharding after each forward turned off (one gather per rollout;
     the processes need not generate in lockstep), and the checkpoint is gathered into torch's formats."""
 
+    processes = PROCESSES
     sharded = True  # the Adam state lives in pieces: every process takes part in a checkpoint (`state_dict`)
 
     def __init__(

@@ -1,8 +1,8 @@
 """Metric names: the key helpers every algorithm uses, the trainer's own metrics, and the markdown tables of docs.
 
 Each algorithm (or learner) keeps the catalogue of the names it emits beside its code, one line of definition per
-name: `cory.ppo.metrics.PPO_METRICS` (PPO and CORY's per-agent metrics), `cory.algorithms.cory.CORY_METRICS` (the
-by-role views), `cory.maft.metrics.MAFT_METRICS`; `RUN_METRICS` below holds what the trainer adds to every iteration.
+name: `cory.ppo.metrics.PPO_METRICS` (PPO and CORY's per-agent metrics), `cory.algorithms.team.TEAM_METRICS` (the
+by-role views and the role map of a team), `cory.maft.metrics.MAFT_METRICS`; `RUN_METRICS` below holds what the trainer adds to every iteration.
 docs/metrics.md is generated from them (`markdown_table`), and a run emits no name its catalogues do not define
 (tests/test_meaning.py).
 """
@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 AGENT_PLACEHOLDER = "<agent>"
-# Role names used in place of an agent name for the by-role training curves (`train/pioneer/...`).
-ROLES = ("pioneer", "observer")
+# Role names an episode may declare (`cory/algorithms/episodes.py`), used in place of an agent name for the by-role
+# training curves (`train/pioneer/...`): CORY's two, a chain's third, a team's parallel actors.
+ROLES = ("pioneer", "observer", "second_observer", "actor1", "actor2", "actor3")
 
 TIME_ITERATION = "time/iteration_s"
 MEMORY_PEAK_MB = "memory/peak_mb"
@@ -36,7 +37,7 @@ def eval_key(agent: str, name: str) -> str:
 
 
 def role_key(role: str, name: str) -> str:
-    """Training metric of whichever agent holds `role` ("pioneer" or "observer"), e.g. `train/pioneer/kl`."""
+    """Training metric of whichever agent holds `role` (one of `ROLES`), e.g. `train/pioneer/kl`."""
     if role not in ROLES:
         raise ValueError(f"role must be one of {ROLES}, got {role!r}")
     return f"train/{role}/{name}"

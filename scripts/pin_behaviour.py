@@ -7,6 +7,7 @@ the case's overrides) in this process, one torch thread, and writes every row of
     python scripts/pin_behaviour.py record --out /tmp/before.json             # on the commit before a change
     python scripts/pin_behaviour.py compare /tmp/before.json                   # after it: exit 1 on any difference
     python scripts/pin_behaviour.py compare /tmp/before.json --rtol 1e-6       # where float rounding may move
+    python scripts/pin_behaviour.py compare /tmp/before.json --allow-new-keys  # added metrics listed, not failed
 
 The same machine and thread count on both sides: floats are compared exactly unless `--rtol` says otherwise.
 """
@@ -25,7 +26,8 @@ for _k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
     os.environ.setdefault(_k, "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
 
-# name → overrides after `experiment=smoke` (a leading `experiment=` replaces it)
+# name → overrides after `experiment=smoke` (a leading `experiment=` replaces it). A case's name is stable; its
+# overrides follow the config syntax of the code that runs it (a recorded file compares by name).
 CASES: dict[str, list[str]] = {
     "ppo": ["algorithm=ppo"],
     "ppo_lora": ["algorithm=ppo", "model.lora.enabled=true"],
@@ -43,13 +45,13 @@ CASES: dict[str, list[str]] = {
     "rloo": ["algorithm=rloo"],
     "cory": ["algorithm=cory"],
     "cory_lora": ["algorithm=cory", "model.lora.enabled=true"],
-    "cory_wo_kt": ["algorithm=cory", "algorithm.knowledge_transfer=false"],
-    "cory_wo_rex": ["algorithm=cory", "algorithm.role_exchange=false"],
-    "cory_competitive": ["algorithm=cory", "algorithm.w_other=-1.0"],
+    "cory_wo_kt": ["algorithm=cory", "algorithm.episode.knowledge_transfer=false"],
+    "cory_wo_rex": ["algorithm=cory", "algorithm/schedule=simultaneous"],
+    "cory_competitive": ["algorithm=cory", "algorithm.credit.w_other=-1.0"],
     "cory_official_swap": [
         "algorithm=cory",
-        "algorithm.swap_period=1",
-        "algorithm.faithful_official_swap=true",
+        "algorithm.schedule.period=1",
+        "algorithm.schedule.faithful_official_swap=true",
         "algorithm.agent.use_score_scaling=true",
         "algorithm.agent.use_score_norm=true",
     ],
@@ -57,20 +59,20 @@ CASES: dict[str, list[str]] = {
     "cory_rloo": ["algorithm=cory_rloo"],
     "cory_cc": ["algorithm=cory_cc"],
     "cory_cc_lora": ["algorithm=cory_cc", "model.lora.enabled=true"],
-    "cory_interleaved": ["algorithm=cory_interleaved", "algorithm.interleave_period=1"],
+    "cory_interleaved": ["algorithm=cory_interleaved", "algorithm.schedule.period=1"],
     "cory_interleaved_cc": [
         "algorithm=cory_interleaved",
-        "algorithm.interleave_period=1",
-        "algorithm.critic=centralized",
+        "algorithm.schedule.period=1",
+        "algorithm/critic=centralized",
     ],
-    "cory_simultaneous": ["algorithm=cory_interleaved", "algorithm.schedule=simultaneous"],
+    "cory_simultaneous": ["algorithm=cory_interleaved", "algorithm/schedule=simultaneous"],
     "cory_shared": ["algorithm=cory_shared"],
     "cory_lora_roles": ["algorithm=cory_lora_roles", "model.lora.enabled=true"],
     "cory_lora_roles_interleaved": [
         "algorithm=cory_lora_roles",
         "model.lora.enabled=true",
-        "algorithm.schedule=interleaved",
-        "algorithm.interleave_period=1",
+        "algorithm/schedule=interleaved",
+        "algorithm.schedule.period=1",
     ],
     "maft": ["experiment=maft_smoke"],
 }
@@ -142,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     cmp_.add_argument("recorded", type=Path)
     cmp_.add_argument("--case", action="append", help="only these cases (default: all in the file)")
     cmp_.add_argument("--rtol", type=float, default=0.0, help="relative (and absolute) tolerance for floats")
+    cmp_.add_argument(
+        "--allow-new-keys", action="store_true", help="keys the recorded rows lack are listed, not counted as changes"
+    )
     args = parser.parse_args(argv)
     if args.command == "record":
         args.out.write_text(json.dumps(record(args.case or list(CASES)), indent=1))
@@ -153,9 +158,14 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     for name in names:
         diffs = differences(want[name], got[name], args.rtol, name)
+        new = sorted({d.split("].", 1)[-1] for d in diffs if d.endswith(": new")}) if args.allow_new_keys else []
+        diffs = [d for d in diffs if not (args.allow_new_keys and d.endswith(": new"))]
         failed += bool(diffs)
         status = "identical" if not diffs else f"{len(diffs)} differences"
-        print(f"[pin] {name}: {status}")
+        print(
+            f"[pin] {name}: {status}"
+            + (f" (new keys: {', '.join(k.removesuffix(': new') for k in new)})" if new else "")
+        )
         for line in diffs[:10]:
             print(f"        {line}")
     print(f"[pin] {len(names) - failed} of {len(names)} cases identical")

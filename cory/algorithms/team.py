@@ -1,288 +1,343 @@
-"""`AgentTeam`: the agents of a policy-gradient algorithm and everything PPO and CORY do identically around them.
+"""`Team`: PPO, CORY and their family as one algorithm composed of parts (docs/method.md §1, §12).
 
-PPO has one agent and CORY two; both hold an `AgentTeam` and differ only in their `step` (the orchestration,
-docs/method.md §1.2). The team owns:
-- the agents, built from the learner node (`algorithm.agent`, a `_target_`) on the run's model: each its own full
-  copy or LoRA adapter, value head, optimiser and KL controller, all sharing one frozen reference π0;
-- the data schedule: iteration k's queries (epoch-wise reshuffles seeded by (seed, epoch), drop_last) and its
-  response-length draw (seeded by (seed, k)), docs/method.md §3.1;
-- the held-out set and its fixed per-prompt length draws, and the evaluation of each agent alone (§1.6);
-- what a checkpoint holds for them, the finite-weight check's tensors, and the run's summary and curves.
+One iteration, read against the paper's Algorithm 1 (arXiv 2410.06101) with N roles instead of two:
+  1. the schedule says which agent plays each role, and who learns      (Eq. 5: the role map, not the weights, moves)
+  2. the roles answer in order, each seeing the one before it           (Alg. 1 l.7-9, knowledge transfer)
+  3. every answer is scored on the original query                        (Alg. 1 l.12-13)
+  4. the credit rule gives every role its reward                         (Eq. 4: R_k = w_self·r_k + w_other·Σ r_j)
+  5. the critic gives every learning role its V_old                      (own value heads, none, or one joint critic)
+  6. each learner takes one PPO update on its roles' samples             (Eq. 2 / Eq. 8: KL to π0 on its own prompt)
+  7. a joint critic learns the learners' returns
+PPO is one role; CORY two roles with role exchange; the variants change one part each:
+
+| part | `algorithm/<group>=` | options |
+|---|---|---|
+| episode | `episode` | `single` (PPO), `pioneer_observer` (CORY), `chain3`, `team3` |
+| schedule | `schedule` | `role_swap`, `simultaneous`, `interleaved`, `sequential` (`cory/algorithms/schedules.py`) |
+| credit | `credit` | `collective`, `counterfactual` (`cory/algorithms/credit.py`) |
+| critic | `critic` | `per_agent`, `none`, `centralized` (`cory/ppo/critics.py`) |
+| layout | `layout` | `separate`, `lora_per_role`, `shared` (`cory/algorithms/layouts.py`) |
+| advantage | `advantage` | `gae`, `grpo`, `rloo` (`cory/ppo/estimators.py`) |
+| loss | `loss` | `ppo`, `ppo_kl_in_loss` (`cory/ppo/losses.py`) |
+The learner (`algorithm.agent`, `cory/ppo/learner.py`) is the same for every one of them, so a difference between two
+runs comes from the parts their configs name.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterator
+import contextlib
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from cory import distributed, runtime
-from cory.algorithms.base import EvalOutput, Report, RunContext, named_parameters
+from cory import runtime
+from cory.algorithms.agents import AgentSet
+from cory.algorithms.base import EvalOutput, Report, RunContext, StepOutput, named_parameters
+from cory.algorithms.credit import Credit
+from cory.algorithms.episodes import Chain, Played
 from cory.checkpoints import check_files, damaged, refuse_nonfinite
 from cory.errors import CheckpointError, ConfigError
-from cory.ppo.backends import make_backends
-from cory.ppo.evaluation import eval_lengths, evaluate
+from cory.metrics import AGENT_PLACEHOLDER, role_key
+from cory.ppo.critics import CRITIC_DIR, joint_batch
+from cory.ppo.learner import Batch
+from cory.ppo.metrics import agent_metrics, headline, nonfinite, sample_rows
+from cory.ppo.rollout import Rollout, concat_rollouts
 from cory.preemption import abandonable
-from cory.settings import RunSettings
-from cory.tasks.base import Task
+from cory.tasks.base import SafeScorer
 
-TEAM_STATE = "team.json"
+# What a frozen agent's iteration cannot report: statistics of an update it did not take.
+_UPDATE_ONLY = ("scaled_collective_reward", "entropy", "sampled_entropy")
 
-
-def learner_identity(learner, algorithm: str) -> dict:
-    """`describe()` of an algorithm built on `learner`: the algorithm's name, suffixed with the learner's advantage
-    estimator when it is not GAE (`grpo`, `cory_rloo`, …; PPO with a GRPO learner is GRPO), the initial β and what the
-    learner says of itself (`advantage`, `group_size`). A learner without `describe` counts as PPO's."""
-    own = dict(learner.describe()) if hasattr(learner, "describe") else {}
-    advantage = own.get("advantage", "gae")
-    name = algorithm if advantage == "gae" else (advantage if algorithm == "ppo" else f"{algorithm}_{advantage}")
-    return {"algorithm": name, "kl_coef": learner.init_kl_coef} | own
-
-
-class QuerySchedule:
-    """Iteration k's training queries and `max_new_tokens`, from (seed, k) alone: a resumed run draws the same.
-
-    With `group_size` G > 1 (a critic-free learner's G samples per prompt, docs/method.md §9) a batch holds
-    `batch_size / G` distinct queries, each repeated G times contiguously: `batch_size` stays the number of samples.
-    """
-
-    def __init__(
-        self, queries: list[str], batch_size: int, seed: int, max_new_tokens: tuple[int, int], group_size: int = 1
-    ) -> None:
-        distinct = batch_size // group_size
-        if len(queries) < distinct * distributed.world_size():
-            raise ConfigError(f"batch_size={batch_size}: the task has only {len(queries)} training queries")
-        self.queries, self.batch_size, self.seed, self.span = queries, distinct, seed, max_new_tokens
-        self.group_size = group_size
-        self.reseed_at = 0  # iteration of the last RNG reseed (the official swap); length draws restart from it
-
-    def batch(self, k: int) -> list[str]:
-        """Iteration k's queries: epoch-wise reshuffles seeded by (seed, epoch), drop_last (docs/method.md §3.1)."""
-        n, B, W = len(self.queries), self.batch_size, distributed.world_size()
-        per_epoch = n // (B * W)  # with W processes each takes its own slice of a global batch of B·W
-        epoch, j = divmod(k, per_epoch)
-        order = np.random.default_rng([self.seed, epoch]).permutation(n)
-        start = (j * W + distributed.rank()) * B
-        return [self.queries[i] for i in order[start : start + B] for _ in range(self.group_size)]
-
-    def max_new_tokens(self, k: int) -> int:
-        """One draw from U{lo..hi} per iteration, shared by every generation of the iteration (§3.1)."""
-        lo, hi = self.span
-        return int(np.random.default_rng([self.seed, 1, k - self.reseed_at]).integers(lo, hi + 1))
+# The names a team of two or more roles logs beyond the per-agent catalogue (`cory.ppo.metrics.PPO_METRICS`); the
+# by-role views `train/<role>/task_reward` and `train/<role>/kl` are listed in `ROLE_METRICS`.
+TEAM_METRICS: dict[str, str] = {
+    "cory/llm1_role": "Role held by LLM1 this iteration: 0 = the first role (pioneer), 1 = the second (observer), …",
+    "cory/swaps": "Cumulative number of role exchanges so far.",
+    f"schedule/{AGENT_PLACEHOLDER}/learned": (
+        "1 when the agent took its update this iteration, 0 when the schedule froze it (it still acted and was "
+        "scored; no optimiser, KL-controller, score-statistics or RNG change)."
+    ),
+    f"schedule/{AGENT_PLACEHOLDER}/updates": "Updates the agent has taken so far, this iteration's included.",
+    "train/counterfactual_replays": (
+        "Extra generations this iteration's credit rule asked for (`algorithm/credit=counterfactual`: one per later "
+        "role that saw the removed answer)."
+    ),
+}
 
 
-class AgentTeam:
-    """The agents `names` of one run, with their data schedule, held-out set, checkpoints and report.
+def role_metrics(roles: tuple[str, ...]) -> dict[str, str]:
+    """The by-role views of `roles` (whichever agent plays the role this iteration)."""
+    out = {}
+    for role in roles:
+        out[role_key(role, "task_reward")] = f"Task reward of whichever agent is the {role} this iteration."
+        out[role_key(role, "kl")] = f"KL_seq of whichever agent is the {role} this iteration."
+    return out
 
-    Args:
-        context: the run (settings, hardware, lazy model and task).
-        learner: the learner node as built by Hydra (`algorithm.agent`): it validates its own values and builds
-            one agent per name with `learner.build(...)`.
-        names: agent ids, `llm1` first (CORY's initial pioneer).
-        longest_prompt: the longest prompt the algorithm will show an agent for a query, as a function of the query
-            and the response length cap (PPO: the query-only prompt; CORY: the observer prompt).
-    """
+
+@dataclass
+class _Record:
+    """What one agent did in an iteration: the samples it was scored on (its roles' rollouts), their task and
+    collective rewards, and its update's statistics."""
+
+    rollout: Rollout
+    task_rewards: list[float]
+    collective: list[float]
+    stats: dict[str, float]
+    learned: bool
+
+
+class Team:
+    """Agents playing `episode.roles`, composed of parts (module docstring). Built by Hydra from
+    `cory/conf/algorithm/<name>.yaml`: `agent` is the learner node, shared verbatim by every config; the parts are
+    built from their groups; `context` comes from the entry point (`cory.build`)."""
 
     def __init__(
         self,
+        agent,
+        episode: Chain,
+        schedule,
+        credit: Credit,
+        critic,
+        layout,
+        advantage,
+        loss,
+        log_samples: int,
+        *,
         context: RunContext,
-        learner,
-        names: list[str],
-        longest_prompt: Callable[[Task, str, int], tuple[str, int]] | None = None,
     ) -> None:
-        s, hw = context.settings, context.hardware
-        learner.check_batch(s.batch_size)  # before the model loads: a bad value costs seconds
-        self.context, self.learner, self.seed = context, learner, s.seed
-        backbone = context.backbone()  # the weights are loaded once
-        reference = backbone.reference()  # π0: a frozen copy, or the LoRA base with adapters disabled
-        self.task: Task = context.task()
-        self.agents = {}
-        # what samples each agent's responses (`rollout` group; None: the agent's own Hugging Face `generate`)
-        backends = make_backends(s.rollout, names, learner, backbone, context.device, s.seed)
-        for index, name in enumerate(names):
-            # initial weights from the run seed alone (both CORY agents start identical); each agent draws its
-            # minibatch permutations from its own stream `seed + index` (docs/method.md §1.5)
-            self.agents[name] = learner.build(
-                name,
-                backbone.policy(name, init_seed=s.seed),
-                reference,
-                backbone.tokenizer,
-                seed=s.seed + index,
+        check_parts(episode, schedule, critic, layout, advantage)  # before the model loads: seconds, not minutes
+        self.learner, self.episode, self.schedule, self.credit = agent, episode, schedule, credit
+        self.critic_part, self.layout, self.advantage, self.loss = critic, layout, advantage, loss
+        self.log_samples, self.settings = log_samples, context.settings
+        ids = layout.agents(episode.roles)
+        if layout.needs_lora:
+            agent.check_batch(context.settings.batch_size)  # as the agents' set does: a bad value costs seconds
+            layout.check_backbone(context.backbone())
+        self.team = AgentSet(
+            context,
+            agent,
+            ids,
+            {a: layout.handle(a, episode.roles) for a in ids},
+            {"advantage": advantage, "loss": loss, "train_value_head": critic.actors_train_values},
+            group_size=advantage.group_size,
+            longest_prompt=episode.longest_prompt,
+        )
+        self.task, self.scorer = self.team.task, SafeScorer(self.team.task)
+        self.critic = None
+        if hasattr(critic, "build"):  # a critic with a model of its own, on the same base as the agents
+            s, hw = context.settings, context.hardware
+            backbone = context.backbone()
+            self.critic = critic.build(
+                backbone.policy(CRITIC_DIR, init_seed=s.seed),
+                agent,
+                seed=s.seed + len(ids),  # its own minibatch stream after the agents' seeds
+                pad_token_id=backbone.tokenizer.pad_token_id,
                 device=context.device,
                 autocast_dtype=runtime.autocast_dtype(hw.precision),
                 forward_batch_size=hw.forward_batch_size,
-                add_special_tokens=backbone.add_special_tokens,
-                **({"backend": backends[name]} if backends[name] is not None else {}),
             )
-        # a learner that compares G samples of one prompt says so by its `group_size` (default 1: one sample each)
-        group_size = getattr(learner, "group_size", 1)
-        self.schedule = QuerySchedule(
-            self.task.train_queries(), s.batch_size, s.seed, self.task.max_new_tokens, group_size
-        )
-        # the periodic evaluations use a prefix of the first and final ones' queries, with the same length draws
-        self.final_queries = self.task.eval_queries()[: s.num_eval_final]
-        if not self.final_queries:
-            raise ConfigError("task: no held-out queries to evaluate on")
-        self.final_lengths = eval_lengths(len(self.final_queries), self.task.max_new_tokens, s.seed)
-        self.eval_queries = self.final_queries[: s.num_eval]
-        self.eval_lengths = self.final_lengths[: len(self.eval_queries)]
-        self.eval_batch_size = s.eval_batch_size
-        self.generation_batch_size = hw.generation_batch_size
-        self._check_context(longest_prompt)
-
-    # ------------------------------------------------------------------------------------------------ data
-    def batch(self, k: int) -> tuple[list[str], int]:
-        """Iteration k's queries and its `max_new_tokens`."""
-        return self.schedule.batch(k), self.schedule.max_new_tokens(k)
-
-    def reseed(self, at: int) -> None:
-        """The official swap's RNG reset (docs/method.md §1.5): global RNGs, each agent's stream, length draws."""
-        runtime.seed_everything(self.seed)
-        for agent in self.agents.values():
-            agent.rng = np.random.RandomState(agent.seed)
-        self.schedule.reseed_at = at
-
-    # ------------------------------------------------------------------------------------------ evaluation
-    def evaluate(self, final: bool, should_stop: Callable[[], bool]) -> EvalOutput | None:
-        """Every agent alone on the held-out queries (the first `num_eval_final` before training and at the end,
-        the first `num_eval` in between), with common random numbers: before/after differ by the policy only."""
-        queries, lengths = (
-            (self.final_queries, self.final_lengths) if final else (self.eval_queries, self.eval_lengths)
-        )
-        metrics: dict[str, float] = {}
-        tables = []
-        for agent_id, agent in self.agents.items():
-            if should_stop():
-                return None
-            with abandonable():  # evaluation changes no training state: a stop signal drops it at once
-                m, samples = evaluate(agent, self.task, queries, lengths, self.eval_batch_size, seed=self.seed)
-            metrics |= {f"eval/{agent_id}/{k}": v for k, v in m.items()}
-            tables.append((f"eval/{agent_id}/samples", samples))
-        headline = {
-            f"{agent_id}_{short}": metrics[f"eval/{agent_id}/{name}"]
-            for agent_id in self.agents
-            for name, short in (("task_reward", "r"), ("kl", "kl"), ("combined_reward", "combined"))
-        }
-        return EvalOutput(metrics, tables, headline)
-
-    # ------------------------------------------------------------------------------------------ checkpoints
-    def parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
-        return named_parameters({agent_id: agent.trainable_parameters() for agent_id, agent in self.agents.items()})
-
-    def save(self, directory: Path, state: dict) -> None:
-        """Each agent's folder, and `team.json`: the schedule's reseed point plus the algorithm's own `state`."""
-        for agent_id, agent in self.agents.items():
-            agent.save(directory / agent_id)
-        (directory / TEAM_STATE).write_text(json.dumps({"reseed_at": self.schedule.reseed_at, "algorithm": state}))
-
-    def load(self, directory: Path) -> dict:
-        """Every agent's files, checked before any is loaded, then every loaded tensor must be finite; returns the
-        algorithm's own state as `save` got it."""
-        missing = [a for a in self.agents if not (directory / a).is_dir()]
-        if missing:
-            raise CheckpointError(
-                f"checkpoint {directory.parent} is incompatible with this run: it has no agent {', '.join(missing)}"
-            )
-        checkpoint = directory.parent
-        with damaged(directory / TEAM_STATE, checkpoint):
-            state = json.loads((directory / TEAM_STATE).read_text())
-            reseed_at, algorithm_state = int(state["reseed_at"]), dict(state["algorithm"])
-        for agent_id in self.agents:
-            check_files(directory / agent_id, checkpoint)
-        for agent_id, agent in self.agents.items():
-            with damaged(directory / agent_id, checkpoint):
-                agent.load(directory / agent_id)
-            refuse_nonfinite(agent.state_tensors(), directory / agent_id, checkpoint)
-        self.schedule.reseed_at = reseed_at
-        return algorithm_state
-
-    # ------------------------------------------------------------------------------------------------ report
-    def report(self, rows: list[dict], run_dir: Path, iterations: int) -> Report:
-        """Held-out task reward, KL and combined reward of every agent before training and at the end."""
-        first = _eval_row(rows, 0)
-        last = _eval_row(rows, iterations)
-        agents, initial = {}, {}
-        keys = ("task_reward", "kl", "combined_reward", "task_reward_se", "kl_se", "combined_reward_se")
-        for agent_id in self.agents:
-            if last:
-                agents[agent_id] = {k: last.get(f"eval/{agent_id}/{k}") for k in keys}
-            if first:
-                initial[agent_id] = {k: first.get(f"eval/{agent_id}/{k}") for k in keys}
-        lines = []
-        for agent_id, after in agents.items():
-            before = initial.get(agent_id, {})
-
-            def pair(key: str, before=before, after=after) -> str:
-                se = f" ± {_num(after.get(f'{key}_se')):.3f}" if after.get(f"{key}_se") is not None else ""
-                return f"{_num(before.get(key)):.3f} → {_num(after.get(key)):.3f}{se}"
-
-            lines.append(
-                f"{agent_id}: held-out task reward {pair('task_reward')}, KL {pair('kl')}, "
-                f"combined {pair('combined_reward')}"
-            )
-        from cory.plotting import plot_curves
-
-        plot_curves(run_dir / "metrics.jsonl", run_dir / "curves.png")
-        return Report({"agents": agents, "initial": initial}, lines)
-
-    # ------------------------------------------------------------------------------------------------ checks
-    def _check_context(self, longest_prompt: Callable[[Task, str, int], tuple[str, int]] | None) -> None:
-        """Refuse prompts that cannot fit the model's context with their longest response (before any step).
-
-        The longest prompt is the query-only one, or what `longest_prompt` says for the longest query (CORY: the
-        observer prompt with a pioneer response of the maximum length; an estimate to within a token or two of
-        tokenisation at the joins).
-        """
-        agent = next(iter(self.agents.values()))
-        limit = agent.context_length()
-        queries = self.schedule.queries + self.final_queries
-        if not limit or not queries:
-            return
-        hi = self.task.max_new_tokens[1]
-        lengths = agent.token_counts([self.task.pioneer_prompt(q) for q in queries])
-        longest, what = max(lengths) + hi, "the longest prompt"
-        if longest_prompt is not None:
-            prompt, extra = longest_prompt(self.task, queries[int(np.argmax(lengths))], hi)
-            observer = agent.token_counts([prompt])[0] + extra + hi
-            longest, what = max(longest, observer), "the longest observer prompt (with the pioneer's response)"
-        if longest > limit:
-            raise ConfigError(
-                f"{what} plus a response of task.max_new_tokens={hi} is {longest} tokens, more than the model's "
-                f"context of {limit} positions; lower task.max_new_tokens or use shorter prompts"
-            )
-
-
-class TeamAlgorithm:
-    """The `Algorithm` methods that PPO, CORY and their variants share: each only hands over to the algorithm's
-    `AgentTeam` (`self.team`, built in the subclass's constructor with `self.settings = context.settings`)."""
-
-    team: AgentTeam
-    settings: RunSettings
+        self.updates = dict.fromkeys(ids, 0)
 
     @property
     def agents(self) -> dict:
         """The agents by id (for tests and tools; the trainer never reads them)."""
         return self.team.agents
 
-    def evaluate(self, iteration: int, final: bool, should_stop: Callable[[], bool]) -> EvalOutput | None:
+    def describe(self) -> dict:
+        """The run's name and identity: the episode's name (`ppo`, `cory`, …), `_cc` with a joint critic, the
+        estimator when it is not GAE, the schedule and layout when they are not the episode's own, the credit rule
+        when it is not the collective reward."""
+        roles, schedule, layout = len(self.episode.roles), self.schedule.name, self.layout.name
+        estimator = dict(self.advantage.describe())
+        name = self.episode.name + ("_cc" if self.critic_part.name == "centralized" else "")
+        if estimator["advantage"] != "gae":
+            name = estimator["advantage"] if roles == 1 else f"{name}_{estimator['advantage']}"
+        identity: dict = {}
+        if roles > 1:
+            if layout != "separate":
+                name += f"_{layout}" + ("" if schedule == "simultaneous" else f"_{schedule}")
+            elif schedule != "role_swap":
+                name += f"_{schedule}"
+            if schedule != "role_swap" or layout != "separate":
+                identity |= {"schedule": schedule, "policy_sharing": layout}
+        if self.credit.name != "collective":
+            name += f"_{self.credit.name}"
+            identity["credit"] = self.credit.name
+        if self.critic_part.name == "centralized":
+            identity["critic"] = "centralized"
+        return {"algorithm": name} | dict(self.learner.describe()) | estimator | identity
+
+    # ---------------------------------------------------------------------------------------------- one iteration
+    def step(self, iteration: int) -> StepOutput:
+        k, ids = iteration, list(self.team.agents)
+        queries, max_new_tokens = self.team.batch(k)
+        # 1. who plays each role this iteration (a role exchange moves the role map, Eq. 5), and who learns
+        players = self.layout.players(self.schedule.players(k, ids), self.episode.roles)
+        records: dict[str, _Record] = {}
+        played_first, failures, replays, generate_s, learn_s = None, 0, 0, 0.0, 0.0
+        for phase, learners in enumerate(self.schedule.phases(k, ids)):
+            t0 = time.perf_counter()
+            # a stop signal drops the iteration up to step 4: nothing a checkpoint holds has changed yet
+            with abandonable() if phase == 0 else contextlib.nullcontext():
+                # 2-3. the roles answer in order, each answer scored on the query: r_k = r(q, a_k)
+                actors = [self.team.agents[a].actor for a in players]
+                args = (actors, self.task, self.scorer, queries, max_new_tokens, self.team.generation_batch_size)
+                played = self.episode.play(*args)
+                # 4. each role's reward from everyone's (a counterfactual rule replays roles without one answer)
+                rewards = self.credit(played.rewards, lambda removed: self.episode.without(removed, played, *args))
+            t1 = time.perf_counter()
+            # 5-7. V_old, the updates, the joint critic's update
+            self._update(k, players, learners, played, rewards, records)
+            generate_s, learn_s = generate_s + t1 - t0, learn_s + time.perf_counter() - t1
+            played_first = played_first or played
+            failures, replays = failures + played.failures, replays + played.replays
+        metrics = self._metrics(k, players, records, played_first)
+        metrics |= {"time/generate_s": generate_s, "time/learn_s": learn_s, "train/reward_failures": float(failures)}
+        if replays:
+            metrics["train/counterfactual_replays"] = float(replays)
+        rollouts = dict(zip(self.episode.roles, played_first.rollouts))
+        samples = sample_rows(queries, rollouts, dict(zip(self.episode.roles, played_first.rewards)), self.log_samples)
+        # the official code's disk swap, after a role exchange (docs/method.md §1.5)
+        if self.schedule.resets_after(k):
+            self.team.reset(k + 1)
+        return StepOutput(metrics, samples, nonfinite(metrics), headline(metrics, ids))
+
+    def _update(self, k, players, learners, played: Played, rewards, records: dict[str, _Record]) -> None:
+        """Steps 5-7 for one phase: every agent in `learners` takes one update on the samples of its trainable
+        roles (one batch per agent: a shared policy learns its roles' samples together); a joint critic then learns
+        the returns of every role whose agent learned. Frozen agents are not touched."""
+        n = len(self.episode.roles)
+        # 5. V_old of every role: from the joint critic, or None (the actors' own value heads, or no critic at all)
+        joint = joint_batch(played.rollouts, self.critic.pad_token_id) if self.critic is not None else None
+        values = self.critic.values(joint, played.rollouts) if joint is not None else [None] * n
+        returns: list[torch.Tensor | None] = [None] * n
+        learned_roles = [False] * n
+        for agent_id in dict.fromkeys(players):  # role order: the first role's agent updates first
+            agent = self.team.agents[agent_id]
+            roles = [r for r, a in enumerate(players) if a == agent_id]
+            trainable = [r for r in roles if self.episode.trainable(r)]
+            batch = self._batch(trainable or roles, played, rewards, values)
+            learns = agent_id in learners and bool(trainable)
+            stats = {"kl_coef": agent.learner.kl_coef}
+            if learns:
+                # 6. one PPO update on this agent's samples, KL to π0 on its own prompts (Eq. 2 / Eq. 8)
+                self.updates[agent_id] += 1
+                update = agent.learner.update(batch)
+                stats = update.stats
+                for r in trainable:
+                    learned_roles[r] = True
+                    returns[r] = update.returns if len(trainable) == 1 else None
+            if agent_id in learners or agent_id not in records:  # the phase in which the agent learned, else the first
+                collective = [x for r in (trainable or roles) for x in rewards[r]]
+                task_rewards = [x for r in (trainable or roles) for x in played.rewards[r]]
+                records[agent_id] = _Record(batch.rollout, task_rewards, collective, stats, learns)
+        # 7. the joint critic learns the returns of the roles whose agents learned (none with a non-finite update)
+        learned_returns = [returns[r] for r in range(n) if learned_roles[r]]
+        if self.critic is not None and learned_returns and all(g is not None for g in learned_returns):
+            targets = [returns[r] if learned_roles[r] else torch.zeros_like(values[r]) for r in range(n)]
+            masks = [played.rollouts[r].response_mask * learned_roles[r] for r in range(n)]
+            for r, critic_stats in enumerate(self.critic.update(joint, values, targets, masks)):
+                if learned_roles[r]:
+                    records[players[r]].stats = records[players[r]].stats | critic_stats
+
+    def _batch(self, roles: list[int], played: Played, rewards, values) -> Batch:
+        """One learner's batch: its roles' samples (concatenated in role order), their collective rewards, V_old
+        from the joint critic (or None), the role of every sample, and the schedule's KL budget."""
+        pad = self.task_pad_token_id
+        rollout = played.rollouts[roles[0]]
+        for r in roles[1:]:
+            rollout = concat_rollouts(rollout, played.rollouts[r], pad)
+        scores = torch.tensor([x for r in roles for x in rewards[r]])
+        role_ids = torch.cat([torch.full((len(played.rollouts[r]),), r, dtype=torch.long) for r in roles])
+        critic_values = None if values[roles[0]] is None else torch.cat([values[r] for r in roles])
+        return Batch(rollout, scores, critic_values, role_ids, self.schedule.kl_budget)
+
+    @property
+    def task_pad_token_id(self) -> int:
+        return next(iter(self.team.agents.values())).actor.tokenizer.pad_token_id
+
+    def _metrics(self, k: int, players: list[str], records: dict[str, _Record], played: Played) -> dict[str, float]:
+        """Every agent's `train/`, `ppo/` metrics (`agent_metrics`), and with several roles the by-role views, the
+        role map and the schedule's record."""
+        eta, metrics = self.task.eval_kl_coef, {}
+        for agent_id, rec in records.items():
+            metrics |= agent_metrics(agent_id, rec.rollout, rec.task_rewards, rec.collective, rec.stats, eta)
+            if not rec.learned:
+                for name in _UPDATE_ONLY:
+                    metrics.pop(f"train/{agent_id}/{name}", None)
+        if len(self.episode.roles) == 1:
+            return metrics
+        for role, rollout, r in zip(self.episode.roles, played.rollouts, played.rewards):
+            metrics[role_key(role, "task_reward")] = float(torch.tensor(r).mean())
+            metrics[role_key(role, "kl")] = rollout.kls.sum(-1).mean().item()
+        if len(records) > 1:  # agents that move between roles
+            metrics["cory/llm1_role"] = float(players.index("llm1"))
+            metrics["cory/swaps"] = float(self.schedule.swaps(k))
+        for agent_id, rec in records.items():
+            metrics[f"schedule/{agent_id}/learned"] = float(rec.learned)
+            metrics[f"schedule/{agent_id}/updates"] = float(self.updates[agent_id])
+        return metrics
+
+    # ------------------------------------------------------------------------------------ the trainer's protocol
+    def evaluate(self, iteration: int, final: bool, should_stop) -> EvalOutput | None:
         return self.team.evaluate(final, should_stop)
 
-    def parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
-        return self.team.parameters()
+    def parameters(self):
+        yield from self.team.parameters()
+        if self.critic is not None:
+            yield from named_parameters({CRITIC_DIR: self.critic.parameters()})
 
     def report(self, rows: list[dict], run_dir: Path) -> Report:
         return self.team.report(rows, run_dir, self.settings.iterations)
 
+    def save(self, directory: Path) -> None:
+        self.team.save(directory, {"updates": dict(self.updates)})
+        if self.critic is not None:
+            self.critic.save(directory / CRITIC_DIR)
 
-def _eval_row(rows: list[dict], iteration: int) -> dict:
-    for row in rows:
-        if row.get("iteration") == iteration and any(k.startswith("eval/") for k in row):
-            return row
-    return {}
+    def load(self, directory: Path) -> None:
+        checkpoint, folder = directory.parent, directory / CRITIC_DIR
+        if self.critic is not None:  # checked before anything is loaded
+            if not folder.is_dir():
+                raise CheckpointError(f"checkpoint {checkpoint} has no centralised critic ({CRITIC_DIR}/)")
+            check_files(folder, checkpoint)
+        state = self.team.load(directory)
+        with damaged(directory / "team.json", checkpoint):
+            self.updates = {agent_id: int(n) for agent_id, n in state["updates"].items()}
+            if set(self.updates) != set(self.team.agents):
+                raise ValueError(f"agents {sorted(self.updates)}, expected {sorted(self.team.agents)}")
+        if self.critic is not None:
+            with damaged(folder, checkpoint):
+                self.critic.load(folder)
+            refuse_nonfinite(self.critic.state_tensors(), folder, checkpoint)
 
 
-def _num(value) -> float:
-    return float("nan") if value is None else float(value)
+def check_parts(episode: Chain, schedule, critic, layout, advantage) -> None:
+    """Combinations of parts that cannot work, one line naming the groups (before any model loads)."""
+    if advantage.uses_values and not critic.has_values:
+        raise ConfigError(
+            f"algorithm/advantage={type(advantage).__name__.lower()} needs values, and algorithm/critic={critic.name} "
+            "gives none: use algorithm/critic=per_agent or centralized, or a group estimator (grpo, rloo)"
+        )
+    if not advantage.uses_values and critic.has_values:
+        raise ConfigError(
+            f"algorithm/advantage={type(advantage).__name__.lower()} compares the samples of a prompt and ignores "
+            f"values: algorithm/critic={critic.name} would be trained for nothing (use algorithm/critic=none)"
+        )
+    if layout.name == "shared" and schedule.name != "simultaneous":
+        raise ConfigError(
+            f"algorithm/layout=shared has one policy in every role: algorithm/schedule={schedule.name} has nothing to "
+            "freeze, order or exchange (use algorithm/schedule=simultaneous)"
+        )
+    if layout.name == "shared" and critic.name == "centralized":
+        raise ConfigError(
+            "algorithm/critic=centralized: one shared policy has one value head for every role "
+            "(algorithm/layout=shared takes algorithm/critic=per_agent)"
+        )
+    if layout.keeps_roles and schedule.exchanges_roles:
+        raise ConfigError(
+            f"algorithm/layout={layout.name} keeps each role's adapter in its role: algorithm/schedule must not "
+            "exchange roles (simultaneous, interleaved or sequential, not role_swap)"
+        )

@@ -125,6 +125,19 @@ def gae(
     Returns:
         advantages [B, T] (whitened over all masked tokens of the batch), returns [B, T] = A + V (unwhitened A).
     """
+    advantages, returns = gae_unwhitened(rewards, values, response_mask, gamma, lam, whiten_rewards)
+    return masked_whiten(advantages, response_mask).detach(), returns
+
+
+def gae_unwhitened(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    response_mask: torch.Tensor,
+    gamma: float,
+    lam: float,
+    whiten_rewards: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`gae` before the advantages are whitened: (A [B, T], returns [B, T] = A + V), both detached."""
     values = values * response_mask
     rewards = rewards * response_mask
     if whiten_rewards:
@@ -139,7 +152,25 @@ def gae(
         advantages_reversed.append(last_gae)
     advantages = torch.stack(advantages_reversed[::-1], dim=1)
     returns = advantages + values
-    return masked_whiten(advantages, response_mask).detach(), returns.detach()
+    return advantages.detach(), returns.detach()
+
+
+def whiten_by_group(values: torch.Tensor, mask: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """`masked_whiten` within each group of rows separately: rows with the same `groups` id [B] share one mean and
+    one variance over their masked positions. values, mask [B, T] (or [B] with mask [B]) → the same shape, masked."""
+    out = torch.zeros_like(values)
+    for g in torch.unique(groups):
+        rows = (groups == g).to(mask.dtype)
+        in_group = mask * (rows.view(-1, *([1] * (mask.dim() - 1))))
+        out = out + masked_whiten(values, in_group) * in_group
+    return out
+
+
+def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token unbiased, non-negative estimator of KL(π_θ ‖ π0) on sampled tokens (Schulman's k3, the GRPO paper's
+    KL term): exp(log π0 − log π_θ) − (log π0 − log π_θ) − 1. [B, T] → [B, T]."""
+    diff = ref_logprobs - logprobs
+    return torch.exp(diff) - diff - 1
 
 
 def policy_loss(

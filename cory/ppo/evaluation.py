@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from cory.ppo.learner import Agent
+from cory.ppo.actor import Actor
 from cory.tasks.base import SafeScorer, Task
 
 
@@ -32,13 +32,13 @@ def standard_error(values: torch.Tensor) -> float:
 
 
 def evaluate(
-    agent: Agent, task: Task, queries: list[str], lengths: list[int], batch_size: int, seed: int
+    actor: Actor, task: Task, queries: list[str], lengths: list[int], batch_size: int, seed: int
 ) -> tuple[dict[str, float], list[dict]]:
-    """Mean eval metrics for `agent` and a few sample rows. Sampling uses its own seeded RNG, so evaluating
+    """Mean eval metrics for the agent `actor` answers for, and a few sample rows. Sampling uses its own seeded RNG, so evaluating
     never changes the training run's random stream."""
-    with torch.random.fork_rng(devices=[agent.device] if agent.device.type == "cuda" else []):
+    with torch.random.fork_rng(devices=[actor.device] if actor.device.type == "cuda" else []):
         torch.manual_seed(seed)
-        rollout = agent.act(
+        rollout = actor.act(
             [task.pioneer_prompt(q) for q in queries],
             max(lengths),
             task.generation_kwargs,

@@ -1,45 +1,106 @@
-"""`Agent`: one trainable LLM with its value head, optimiser, KL controller and score statistics.
+"""The PPO learner: the update rule (`PPOLearner`), its node in the YAML (`PPOConfig`), and the `Agent` it builds.
 
-PPO has one agent and CORY two; both call exactly this code (docs/method.md §1.1, §2). `learn` is TRL 0.11.4's
-`PPOTrainer.step` after generation: for the same weights, tokens, scores and permutation seed it gives the
-same update (`scripts/check_trl_parity.py`). Deliberate differences, listed in docs/implementation-notes.md:
-responses are stored response-aligned, forwards get explicit position ids, and generation runs in eval mode (TRL's
-train-mode generation is `generate_in_train_mode=true`).
+An agent is three parts, none of which is the others:
+- a `Trainee` (`cory/ppo/trainee.py`): its weights, engine, RNG stream and files;
+- an `Actor` (`cory/ppo/actor.py`): how it answers and the rollout-time forward passes;
+- a learner (`PPOLearner` here): the update, with the state that belongs to the rule (the KL controller's β and the
+  running score moments), an advantage estimator (`cory/ppo/estimators.py`) and a loss (`cory/ppo/losses.py`).
+
+PPO, CORY and every variant call exactly this update (docs/method.md §1.1, §2): `PPOLearner.update` with the GAE
+estimator and `ClippedPPO` is TRL 0.11.4's `PPOTrainer.step` after generation; for the same weights, tokens, scores
+and permutation seed it gives the same update (`scripts/check_trl_parity.py`). Deliberate differences, listed in
+docs/implementation-notes.md: responses are stored response-aligned, forwards get explicit position ids, and
+generation runs in eval mode (TRL's train-mode generation is `generate_in_train_mode=true`).
+
+What an algorithm gives an update and gets back travels in values, never through attributes: `Batch` (the rollout,
+the sequence rewards, V_old from whichever critic, the role of every sample, an optional KL budget) in, `Update`
+(statistics, the returns a critic learns from, the β that was used) out.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 import yaml
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from cory import distributed, engines
-from cory.checkpoints import tensors_of
 from cory.errors import ConfigError
 from cory.policy import PolicyWithValueHead
 from cory.ppo import core as ppo_core
-from cory.ppo.backends import HFBackend, RolloutBackend
+from cory.ppo.actor import Actor
+from cory.ppo.backends import RolloutBackend
 from cory.ppo.core import KL_ESTIMATORS
-from cory.ppo.rollout import Rollout, encode_prompts, forward_logits, pad, score_forward
+from cory.ppo.estimators import AdvantageEstimator, EstimatorInputs
+from cory.ppo.losses import Loss, LossInputs
+from cory.ppo.rollout import Rollout, forward_logits
+from cory.ppo.trainee import Optimization, Trainee
 
+CONF = Path(__file__).resolve().parents[1] / "conf" / "algorithm"
 # The learner block's only written values: `cory/conf/algorithm/ppo.yaml` (experiments change them by small diffs).
-LEARNER_YAML = Path(__file__).resolve().parents[1] / "conf" / "algorithm" / "ppo.yaml"
+LEARNER_YAML = CONF / "ppo.yaml"
 AGENT_STATE = "agent.json"  # an agent's checkpoint folder: what marks it as a policy's (a critic's is not)
 
 
+# ------------------------------------------------------------------------------------------------ what travels
+@dataclass
+class Batch:
+    """One update's input.
+
+    Attributes:
+        rollout: B samples of this learner (several roles' samples concatenated when one learner plays them all).
+        scores: [B] sequence rewards (the collective reward of each sample's role), before score scaling.
+        values: [B, T] V_old from a centralised critic, zero on padding; None: the rollout's own values (the
+            learner's value head), or none at all for an estimator that ignores them.
+        roles: [B] the role index each sample was played in (per-role estimators read it); default all 0.
+        kl_budget: stop the epochs once the policy KL exceeds 1.5 × this (a per-update trust region); None: the
+            learner's `early_stopping`/`target_kl`.
+    """
+
+    rollout: Rollout
+    scores: torch.Tensor
+    values: torch.Tensor | None = None
+    roles: torch.Tensor | None = None
+    kl_budget: float | None = None
+
+
+@dataclass
+class Update:
+    """One update's output: statistics (TRL's key names, `cory.ppo.metrics.agent_metrics` maps them), the returns
+    [B, T] a centralised critic learns from (None when the update was skipped), and the β it used."""
+
+    stats: dict[str, float]
+    returns: torch.Tensor | None
+    kl_coef: float
+
+
+class Learner(Protocol):
+    """What an algorithm asks of a learner: an update, the β it will use next, its state for a checkpoint, and the
+    official swap's reset (a fresh optimiser, controller and statistics)."""
+
+    @property
+    def kl_coef(self) -> float: ...
+
+    def update(self, batch: Batch) -> Update: ...
+
+    def state(self) -> dict[str, Any]: ...
+
+    def restore(self, state: dict[str, Any]) -> None: ...
+
+    def reset(self) -> None: ...
+
+
+# ------------------------------------------------------------------------------------------------ the node
 @dataclass(frozen=True)
 class PPOConfig:
-    """Learner hyperparameters: the `algorithm.agent` block, identical for PPO and CORY (docs/method.md §2).
+    """The learner block `algorithm.agent`, identical for PPO and CORY (docs/method.md §2), and what builds agents.
 
     No field has a default: the numbers live in `cory/conf/algorithm/ppo.yaml` (and the experiments' diffs) only, so a
     changed YAML value cannot silently differ from code that builds this class. Outside Hydra (scripts, tests),
-    `PPOConfig.from_yaml(**overrides)` reads that block.
+    `PPOConfig.from_yaml(**overrides)` reads that block. The advantage estimator and the loss are parts of their own
+    (`algorithm.advantage`, `algorithm.loss`), handed to `build`.
     """
 
     learning_rate: float
@@ -48,11 +109,6 @@ class PPOConfig:
     kl_target: float
     kl_horizon: float
     kl_penalty: str  # `full` (docs/method.md §1.4) or a sampled estimator `kl` | `abs` | `mse` (§2.4)
-    gamma: float
-    lam: float
-    cliprange: float
-    cliprange_value: float
-    vf_coef: float
     ppo_epochs: int
     mini_batch_size: int
     gradient_accumulation_steps: int
@@ -62,7 +118,6 @@ class PPOConfig:
     use_score_norm: bool  # R̃ = (R − μ)/σ
     score_clip: float | None
     max_grad_norm: float | None
-    whiten_rewards: bool
     early_stopping: bool
     target_kl: float
     generate_in_train_mode: bool  # TRL samples with dropout on after the first step (§2.1); evaluation never does
@@ -74,14 +129,10 @@ class PPOConfig:
         _check(self.init_kl_coef >= 0, f"{key}init_kl_coef={self.init_kl_coef}: must be >= 0")
         _check(self.kl_penalty in KL_ESTIMATORS, f"{key}kl_penalty={self.kl_penalty!r}: allowed {KL_ESTIMATORS}")
         _check(self.ppo_epochs >= 1, f"{key}ppo_epochs={self.ppo_epochs}: must be >= 1")
-        for name in ("gamma", "lam"):  # discount and GAE λ
-            value = getattr(self, name)
-            _check(0 <= value <= 1, f"{key}{name}={value}: must be in [0, 1]")
         _check(
             self.mini_batch_size >= 1 and self.gradient_accumulation_steps >= 1,
             f"{key}mini_batch_size and gradient_accumulation_steps must be >= 1",
         )
-        _check(0 <= self.cliprange and 0 <= self.cliprange_value, f"{key}cliprange(_value) must be >= 0")
         _check(self.kl_target > 0 and self.kl_horizon > 0, f"{key}kl_target and kl_horizon must be > 0")
 
     def check_batch(self, batch_size: int) -> None:
@@ -94,12 +145,47 @@ class PPOConfig:
         )
 
     def describe(self) -> dict[str, object]:
-        """What tells this learner's runs apart in names and summaries: its advantage estimator (GAE here)."""
-        return {"advantage": "gae"}
+        """What tells this learner's runs apart in names and summaries: its initial β."""
+        return {"kl_coef": self.init_kl_coef}
 
-    def build(self, name: str, model, ref_model, tokenizer, **placement) -> Agent:
-        """One agent with these hyperparameters (`placement`: `Agent`'s seed, device and batch arguments)."""
-        return Agent(name, model, ref_model, tokenizer, self, **placement)
+    def build(
+        self,
+        name: str,
+        policy: PolicyWithValueHead,
+        reference: torch.nn.Module,
+        tokenizer,
+        *,
+        advantage: AdvantageEstimator,
+        loss: Loss,
+        train_value_head: bool,
+        seed: int,
+        device: str | torch.device = "cpu",
+        autocast_dtype: torch.dtype | None = None,
+        forward_batch_size: int = 64,
+        add_special_tokens: bool = False,
+        backend: RolloutBackend | None = None,
+    ) -> Agent:
+        """One agent on `policy` (its handle from `Backbone.policy`): trainee, actor and this learner's update.
+
+        `train_value_head`: the learner trains its own value head (a per-agent critic); false when values come from a
+        centralised critic or the estimator ignores them (the head is then neither trained nor stepped)."""
+        optimization = Optimization(
+            self.learning_rate, self.max_grad_norm, self.mini_batch_size, self.gradient_accumulation_steps
+        )
+        trainee = Trainee(
+            name,
+            policy,
+            seed,
+            optimization,
+            train_value_head=train_value_head,
+            device=device,
+            autocast_dtype=autocast_dtype,
+            forward_batch_size=forward_batch_size,
+        )
+        actor = Actor(
+            trainee, reference, tokenizer, self.kl_penalty, self.generate_in_train_mode, add_special_tokens, backend
+        )
+        return Agent(name, trainee, actor, PPOLearner(self, trainee, advantage, loss))
 
     @classmethod
     def from_yaml(cls, **overrides: object) -> PPOConfig:
@@ -108,213 +194,156 @@ class PPOConfig:
         return cls(**({k: v for k, v in block.items() if not k.startswith("_")} | overrides))
 
 
+def part_from_yaml(group: str, option: str, **overrides: object):
+    """The part `cory/conf/algorithm/<group>/<option>.yaml` names, with its values and `overrides` (code that runs
+    without Hydra: scripts, tests). E.g. `part_from_yaml("advantage", "gae")`."""
+    from hydra.utils import get_object
+
+    block = yaml.safe_load((CONF / group / f"{option}.yaml").read_text(encoding="utf-8"))
+    target = get_object(block.pop("_target_"))
+    return target(**({k: v for k, v in block.items() if not k.startswith("_")} | overrides))
+
+
 def _check(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
 
 
+# ------------------------------------------------------------------------------------------------ the agent
+@dataclass
 class Agent:
-    """One trainable policy plus everything that belongs to it (docs/method.md §1.1, §1.5).
+    """One agent: what it is (`trainee`), how it answers (`actor`), how it learns (`learner`). Its checkpoint folder
+    holds the trainee's files with the learner's state in `agent.json`."""
 
-    Args:
-        name: the agent id (`llm1`, `llm2`).
-        model: its policy handle (`cory.policy.Backbone.policy`: a full model or one LoRA adapter, with its value
-            head), or a bare causal LM that this agent then owns entirely (wrapped here with a fresh value head).
-        ref_model: π0, shared and frozen: a frozen copy, or the LoRA base with adapters disabled. Never stepped,
-            never saved by an agent.
-        tokenizer: the policy's tokenizer.
-        config: the learner block.
-        seed: seed of this agent's minibatch-permutation stream.
-        device, autocast_dtype, forward_batch_size: placement, mixed precision, rollout micro-batch.
-        value_head_seed: seed of the value head built for a bare `model` (default `seed`).
-        add_special_tokens: tokenise prompts with the tokenizer's special tokens (the model's choice: Llama's BOS).
-        backend: what samples the responses (`cory/ppo/backends.py`); default Hugging Face `generate` on the policy.
-            Log-probs, values and KL are always this agent's own forward, whichever backend sampled.
-    """
+    name: str
+    trainee: Trainee
+    actor: Actor
+    learner: Learner
 
-    # Whether the update trains this agent's value head (PPO's value loss, §2.6). Learners without one of their own
-    # (critic-free, or values from a centralised critic) set it false: no value term, the head is not stepped.
-    trains_value = True
+    def save(self, directory: Path) -> None:
+        self.trainee.save(directory, AGENT_STATE, self.learner.state())
 
-    def __init__(
-        self,
-        name: str,
-        model: PreTrainedModel | PolicyWithValueHead,
-        ref_model: torch.nn.Module,
-        tokenizer: PreTrainedTokenizerBase,
-        config: PPOConfig,
-        seed: int,
-        device: str | torch.device = "cpu",
-        autocast_dtype: torch.dtype | None = None,
-        forward_batch_size: int = 64,
-        value_head_seed: int | None = None,
-        add_special_tokens: bool = False,
-        backend: RolloutBackend | None = None,
-    ) -> None:
-        self.name, self.config, self.tokenizer = name, config, tokenizer
-        self.device = torch.device(device)
-        if isinstance(model, PolicyWithValueHead):
-            self.policy = model  # placed and seeded by `Backbone.policy`
-        else:
-            with torch.random.fork_rng():
-                # the value head is the only random part of a bare model's agent; a fixed seed makes agents identical
-                torch.manual_seed(seed if value_head_seed is None else value_head_seed)
-                self.policy = PolicyWithValueHead(model).to(self.device)
-        self.ref_model = ref_model
-        self.add_special_tokens = add_special_tokens
-        self.engine = self._new_engine()
+    def load(self, directory: Path) -> None:
+        self.learner.restore(self.trainee.load(directory, AGENT_STATE))
+
+    def reset(self, reseed: bool) -> None:
+        """The official swap's side effects (docs/method.md §1.5): fresh optimiser, controller and score moments,
+        and with `reseed` the minibatch stream from its start."""
+        self.learner.reset()
+        if reseed:
+            self.trainee.reseed()
+
+
+def agent_on(
+    name: str,
+    model: torch.nn.Module,
+    reference: torch.nn.Module,
+    tokenizer,
+    config: PPOConfig,
+    seed: int,
+    *,
+    advantage: AdvantageEstimator | None = None,
+    loss: Loss | None = None,
+    value_head_seed: int | None = None,
+    device: str | torch.device = "cpu",
+    **placement: Any,
+) -> Agent:
+    """An agent that owns a bare causal LM (wrapped here with a fresh value head seeded by `value_head_seed`, default
+    `seed`), with the YAML's GAE estimator and clipped loss unless others are given: for scripts and tests that
+    build an agent without a `Backbone`."""
+    with torch.random.fork_rng():
+        # the value head is the only random part of a bare model's agent; a fixed seed makes agents identical
+        torch.manual_seed(seed if value_head_seed is None else value_head_seed)
+        policy = PolicyWithValueHead(model).to(torch.device(device))
+    advantage = advantage if advantage is not None else part_from_yaml("advantage", "gae")
+    loss = loss if loss is not None else part_from_yaml("loss", "ppo")
+    train_value = placement.pop("train_value_head", advantage.uses_values)
+    return config.build(
+        name,
+        policy,
+        reference,
+        tokenizer,
+        advantage=advantage,
+        loss=loss,
+        train_value_head=train_value,
+        seed=seed,
+        device=device,
+        **placement,
+    )
+
+
+# ------------------------------------------------------------------------------------------------ the update
+class PPOLearner:
+    """TRL's PPO update (`PPOTrainer.step` after generation) on one trainee, with a pluggable advantage estimator
+    and loss. Owns the β controller (§2.8) and the running score moments (§2.3); the trainee owns the weights,
+    optimiser and minibatch stream."""
+
+    def __init__(self, config: PPOConfig, trainee: Trainee, advantage: AdvantageEstimator, loss: Loss) -> None:
+        self.config, self.trainee, self.advantage, self.loss = config, trainee, advantage, loss
         self.kl_ctl = ppo_core.KLController(
             config.init_kl_coef, config.adaptive_kl, config.kl_target, config.kl_horizon
         )
         self.score_moments = ppo_core.RunningMoments()
-        # TRL draws minibatch permutations from numpy's legacy global RNG; a RandomState(seed) gives the same
-        # sequence as `np.random.seed(seed)` while keeping each agent's stream its own (docs/method.md §1.5).
-        self.rng = np.random.RandomState(seed)
-        self.seed = seed
-        self.autocast_dtype = autocast_dtype
-        self.forward_batch_size = forward_batch_size
-        self.steps_since_load = 0
-        self.advantage_stats: dict[str, float] = {}  # what `advantages` reports of the last update (none for GAE)
-        self.policy.eval()  # dropout off in every PPO forward, as TRL (§2.1)
-        self.backend = backend if backend is not None else HFBackend(self.policy, tokenizer, self.device)
-        # the backend is synced before a generation whenever the policy's `weights_version` moved since the last sync;
-        # it lives on the policy handle, so an agent sharing another's policy sees that agent's updates too
-        self._synced_version: int | None = None
 
-    # ------------------------------------------------------------------------------------------------ acting
-    def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+    @property
+    def kl_coef(self) -> float:
+        """The β the next update uses."""
+        return self.kl_ctl.value
 
-    def act(
-        self,
-        prompts: list[str],
-        max_new_tokens: int,
-        generation_kwargs: dict,
-        batch_size: int,
-        lengths: list[int] | None = None,
-        kl_estimator: str | None = None,
-        evaluation: bool = False,
-    ) -> Rollout:
-        """Sample one response per prompt, then compute the rollout-time quantities.
-
-        `lengths` (evaluation) cuts response i to its own cap; sampling is autoregressive, so this has the
-        distribution of sampling with `max_new_tokens=lengths[i]` while generating the batch in one call.
-        `evaluation=True` always samples in eval mode (dropout off): `generate_in_train_mode` reproduces a quirk
-        of TRL's training loop and must not confound a before/after comparison (docs/method.md §2.1, §1.6).
-        """
-        train_mode = self.config.generate_in_train_mode and self.steps_since_load > 0 and not evaluation
-        self.policy.train(train_mode)
-        prompt_ids = encode_prompts(self.tokenizer, prompts, self.add_special_tokens)
-        version = getattr(self.policy, "weights_version", 0)
-        if self._synced_version != version:
-            self.backend.sync_weights(self.policy)
-            self._synced_version = version
-        with self._autocast(), self.engine.generating():  # ZeRO-3: on gathered weights (`cory/engines.py`)
-            response_ids = self.backend.generate(prompt_ids, max_new_tokens, generation_kwargs, batch_size)
-        self.policy.eval()
-        if lengths is not None:
-            response_ids = [r[:n] for r, n in zip(response_ids, lengths)]
-        rollout = self.score_tokens(prompt_ids, response_ids, prompts, kl_estimator)
-        eos = self.tokenizer.eos_token_id
-        caps = lengths if lengths is not None else [max_new_tokens] * len(response_ids)
-        rollout.hit_max_tokens = torch.tensor([len(r) >= c and r[-1] != eos for r, c in zip(response_ids, caps)])
-        return rollout
-
-    @torch.no_grad()
-    def score_tokens(
-        self,
-        prompt_ids: list[torch.Tensor],
-        response_ids: list[torch.Tensor],
-        prompts: list[str] | None = None,
-        kl_estimator: str | None = None,
-    ) -> Rollout:
-        """The rollout for given token ids (TRL `step`'s first forward passes). Lists of 1-D tensors.
-
-        `kl_estimator` overrides the configured penalty's estimator (evaluation always measures `full` KL).
-        """
-        if any(len(r) == 0 for r in response_ids):
-            raise ValueError("every response needs at least one token (max_new_tokens must be >= 1)")
-        p_ids, p_mask = pad(prompt_ids, self.tokenizer.pad_token_id, left=True)
-        r_ids, r_mask = pad(response_ids, self.tokenizer.pad_token_id, left=False)
-        with self._autocast():
-            out = score_forward(
-                self.engine.forward_module(self.policy),
-                self.ref_model,
-                p_ids.to(self.device),
-                p_mask.to(self.device),
-                r_ids.to(self.device),
-                r_mask.to(self.device),
-                kl_estimator or self.config.kl_penalty,
-                self.forward_batch_size,
-            )
-        out = {k: v.cpu() for k, v in out.items()}
-        texts = self.tokenizer.batch_decode(response_ids, skip_special_tokens=True)
-        if prompts is None:
-            prompts = self.tokenizer.batch_decode(prompt_ids, skip_special_tokens=True)
-        return Rollout(
-            prompts=list(prompts),
-            responses=texts,
-            prompt_ids=p_ids,
-            prompt_mask=p_mask,
-            response_ids=r_ids,
-            response_mask=r_mask,
-            logprobs=out["logprobs"],
-            ref_logprobs=out["ref_logprobs"],
-            values=out["values"],
-            kls=out["kls"] * r_mask,
-            entropy=out["entropy"],
-            hit_max_tokens=torch.zeros(len(r_ids), dtype=torch.bool),
-        )
-
-    # ---------------------------------------------------------------------------------------------- learning
-    def learn(self, rollout: Rollout, scores: torch.Tensor) -> dict[str, float]:
-        """One PPO update on `rollout` with sequence rewards `scores` [B] (TRL `PPOTrainer.step`)."""
-        cfg, mask = self.config, rollout.response_mask.float()
+    def update(self, batch: Batch) -> Update:
+        """One PPO update on `batch` (TRL `PPOTrainer.step`), steps 1-5 below."""
+        cfg, rollout, trainee = self.config, batch.rollout, self.trainee
+        mask = rollout.response_mask.float()
         batch_size = len(rollout)
-        inputs = (scores.float(), rollout.kls, rollout.logprobs, rollout.values)
+        own_values = batch.values is None
+        values = rollout.values if own_values else batch.values
+        inputs = (batch.scores.float(), rollout.kls, rollout.logprobs, values)
         finite = bool(all(torch.isfinite(x).all() for x in inputs))
         # a non-finite reward or KL would poison the weights: skip the whole update and say so, on every process
         # when any has one (the update's gradient exchanges are collective: one process skipping alone hangs them)
-        if not all(distributed.every(finite)):
-            return {"nonfinite_skipped": 1.0, "kl_coef": self.kl_ctl.value}
-        # 1. optional score scaling with this agent's running moments: R → R̃ (§2.3)
-        scores = scores.float()
+        if not trainee.processes.all(finite):
+            return Update({"nonfinite_skipped": 1.0, "kl_coef": self.kl_ctl.value}, None, self.kl_ctl.value)
+        # 1. optional score scaling with this learner's running moments: R → R̃ (§2.3)
+        scores = batch.scores.float()
         if cfg.use_score_scaling:
             self.score_moments.update(scores)
             scores = ppo_core.scale_scores(scores, self.score_moments, cfg.use_score_norm, cfg.score_clip)
         elif cfg.score_clip is not None:
             scores = torch.clamp(scores, -cfg.score_clip, cfg.score_clip)
-        # 2. KL-shaped token rewards with the β from before this update (Eq. 2 / Eq. 8, §1.4)
+        # 2. token rewards: the score on the last token, −β·kl_t on every token with the β from before this update
+        # (Eq. 2 / Eq. 8, §1.4), unless the loss carries the KL term itself
         kl_coef = self.kl_ctl.value
-        rewards, non_score = ppo_core.penalized_rewards(scores, rollout.kls, kl_coef, mask)
-        # 3. advantages and returns: GAE, whitened (§2.5); a critic-free learner overrides `advantages`
-        values = rollout.values * mask
-        advantages, returns = self.advantages(rewards, values, mask)
+        reward_beta = kl_coef if self.loss.kl_in_reward else 0.0
+        rewards, non_score = ppo_core.penalized_rewards(scores, rollout.kls, reward_beta, mask)
+        # 3. advantages and returns: the estimator (GAE whitened, §2.5; or a group baseline, §9)
+        values = values * mask
+        roles = batch.roles if batch.roles is not None else torch.zeros(batch_size, dtype=torch.long)
+        estimate = self.advantage(EstimatorInputs(rewards, values if self.advantage.uses_values else None, mask, roles))
+        advantages, returns = estimate.advantages, estimate.returns
         # 4. PPO epochs over shuffled minibatches, one optimiser step per backward batch (§2.6, §2.7)
         backward_batch = cfg.mini_batch_size * cfg.gradient_accumulation_steps
+        target_kl = batch.kl_budget if batch.kl_budget is not None else cfg.target_kl
+        early_stopping = cfg.early_stopping or batch.kl_budget is not None
         stats: list[dict[str, float]] = []
         early_stop, nonfinite_steps = False, 0
         for _ in range(cfg.ppo_epochs):
-            order = self.rng.permutation(batch_size)
+            order = trainee.permutation(batch_size)
             for b in range(0, batch_size, backward_batch):
                 for m in range(b, b + backward_batch, cfg.mini_batch_size):
                     idx = torch.as_tensor(order[m : m + cfg.mini_batch_size])
-                    stats.append(self._train_minibatch(rollout, idx, values, advantages, returns))
-                nonfinite_steps += not self._optimizer_step()
+                    stats.append(self._minibatch(rollout, idx, values, advantages, returns, kl_coef))
+                nonfinite_steps += not trainee.step()
             # TRL checks early stopping once per epoch, on the epoch's last minibatch (§2.7), with the policy KL
             # averaged over processes, so that every process stops at the same epoch (a process that stopped alone
             # would leave the others waiting in their next gradient exchange)
-            if cfg.early_stopping and distributed.mean(stats[-1]["policykl"]) > 1.5 * cfg.target_kl:
+            if early_stopping and trainee.processes.mean(stats[-1]["policykl"]) > 1.5 * target_kl:
                 early_stop = True
                 break
-        # 5. adaptive KL control on the batch-mean sequence KL (§2.8)
+        # 5. adaptive KL control on the batch-mean sequence KL (§2.8), as TRL: the mean over processes, counted as
+        # batch_size × processes samples
         kl_seq = (rollout.kls * mask).sum(-1)
-        # as TRL: the mean KL over processes, counted as batch_size × world_size samples (cory/distributed.py)
-        self.kl_ctl.update(distributed.mean(kl_seq.mean().item()), batch_size * distributed.world_size())
-        self.steps_since_load += 1
-        self.weights_changed()
+        self.kl_ctl.update(trainee.processes.mean(kl_seq.mean().item()), batch_size * trainee.processes.count)
+        trainee.updated()
         out = {k: float(np.mean([s[k] for s in stats])) for k in stats[0]}
         out.update(
             kl=kl_seq.mean().item(),
@@ -326,157 +355,76 @@ class Agent:
             nonfinite_steps=float(nonfinite_steps),
             nonfinite_skipped=0.0,
         )
-        if self.trains_value:
+        if trainee.train_value_head:
             out["explained_variance"] = ppo_core.explained_variance(values, returns, mask).item()
-        out |= self.advantage_stats
+        out |= estimate.stats
         out["scaled_score"] = scores.mean().item()  # R̃: what entered the last token's reward (= R unscaled)
         out["early_stopped"] = float(early_stop)
         out.pop("ratio_threshold_hit")
-        return out
+        return Update(out, returns, kl_coef)
 
-    def advantages(
-        self, rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Advantages and returns [B, T] from KL-shaped token rewards and V_old (all [B, T]): GAE, then whitening
-        (§2.5). The seam of the learners that estimate advantages another way (`cory/ppo/critic_free.py`) or
-        take their values from outside (`cory/ppo/central_critic.py`)."""
-        cfg = self.config
-        return ppo_core.gae(rewards, values, mask, cfg.gamma, cfg.lam, cfg.whiten_rewards)
-
-    def _train_minibatch(
+    def _minibatch(
         self,
         rollout: Rollout,
         idx: torch.Tensor,
         values: torch.Tensor,
         advantages: torch.Tensor,
         returns: torch.Tensor,
+        kl_coef: float,
     ) -> dict[str, float]:
-        cfg = self.config
+        cfg, trainee = self.config, self.trainee
+        device = trainee.device
         mb = rollout.select(idx)
-        mask = mb.response_mask.float().to(self.device)
+        mask = mb.response_mask.float().to(device)
         args = (mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask)
-        with self._autocast():
-            logits, vpreds = forward_logits(
-                self.engine.forward_module(self.policy), *(a.to(self.device) for a in args), with_values=True
+        with trainee.autocast():
+            logits, vpreds = forward_logits(trainee.forward_module(), *(a.to(device) for a in args), with_values=True)
+        logprobs = ppo_core.gather_logprobs(logits, mb.response_ids.to(device))
+        old_logprobs = mb.logprobs.to(device)
+        terms = self.loss(
+            LossInputs(
+                logprobs=logprobs,
+                old_logprobs=old_logprobs,
+                ref_logprobs=mb.ref_logprobs.to(device),
+                advantages=advantages[idx].to(device),
+                mask=mask,
+                vpreds=vpreds if trainee.train_value_head else None,
+                old_values=values[idx].to(device),
+                returns=returns[idx].to(device),
+                kl_coef=kl_coef,
             )
-        logprobs = ppo_core.gather_logprobs(logits, mb.response_ids.to(self.device))
-        old_logprobs = mb.logprobs.to(self.device)
-        pg_loss, pg_clipfrac, mean_ratio = ppo_core.policy_loss(
-            logprobs, old_logprobs, advantages[idx].to(self.device), mask, cfg.cliprange
         )
-        if self.trains_value:
-            vf_loss, vf_clipfrac = ppo_core.value_loss(
-                vpreds, values[idx].to(self.device), returns[idx].to(self.device), mask, cfg.cliprange_value
-            )
-            loss = pg_loss + cfg.vf_coef * vf_loss
-        else:  # no value term: the value head gets no gradient (and is not among the trainable parameters)
-            loss = pg_loss
-        hit = mean_ratio.item() > cfg.ratio_threshold
-        if not (hit and cfg.ratio_threshold_skip and not self.engine.sharded):
+        hit = terms.ratio.item() > cfg.ratio_threshold
+        if not (hit and cfg.ratio_threshold_skip and not trainee.engine.sharded):
             # TRL multiplies the loss by 0 on a hit and still steps Adam, whose momentum moves the weights (§2.6);
             # a sharded engine counts its micro-steps in `backward`, so it takes the zeroed loss even when skipping
-            self.engine.backward(loss * 0.0 if hit else loss)  # ÷ gradient_accumulation_steps inside
+            trainee.backward(terms.total * 0.0 if hit else terms.total)  # ÷ gradient_accumulation_steps inside
         with torch.no_grad():
-            value_stats = (
-                {"value_loss": 0.0 if hit else vf_loss.item(), "value_clipfrac": vf_clipfrac.item()}
-                if self.trains_value
-                else {}
-            )
-            return value_stats | {
-                "policy_loss": 0.0 if hit else pg_loss.item(),  # TRL logs the zeroed losses on a hit
-                "clipfrac": pg_clipfrac.item(),
+            out: dict[str, float] = {}
+            if terms.value is not None:
+                out |= {"value_loss": 0.0 if hit else terms.value.item(), "value_clipfrac": terms.value_clipfrac.item()}
+            if terms.kl is not None:
+                out["kl_loss"] = terms.kl.item()
+            return out | {
+                "policy_loss": 0.0 if hit else terms.policy.item(),  # TRL logs the zeroed losses on a hit
+                "clipfrac": terms.clipfrac.item(),
                 "approx_kl": (0.5 * ppo_core.masked_mean((logprobs - old_logprobs) ** 2, mask)).item(),
                 "policykl": ppo_core.masked_mean(old_logprobs - logprobs, mask).item(),
-                "ratio": mean_ratio.item(),
+                "ratio": terms.ratio.item(),
                 "train_entropy": ppo_core.masked_mean(ppo_core.entropy_from_logits(logits), mask).item(),
                 "ratio_threshold_hit": float(hit),
             }
 
-    def weights_changed(self) -> None:
-        """Mark the policy's weights as changed: the rollout backend is synced before the next generation."""
-        self.policy.weights_version = getattr(self.policy, "weights_version", 0) + 1
+    # ------------------------------------------------------------------------------------------------ state
+    def state(self) -> dict[str, Any]:
+        return {"kl_coef": self.kl_ctl.value, "score_moments": asdict(self.score_moments)}
 
-    def context_length(self) -> int | None:
-        """The model's context in positions (None when its config does not say)."""
-        config = self.policy.pretrained_model.config.get_text_config()
-        return getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
-
-    def token_counts(self, prompts: list[str]) -> list[int]:
-        """Prompt lengths in tokens, as `act` tokenises them."""
-        ids = self.tokenizer(prompts, add_special_tokens=self.add_special_tokens)["input_ids"]
-        return [len(x) for x in ids]
-
-    def state_tensors(self) -> dict[str, torch.Tensor]:
-        """Every weight and optimiser tensor, named: what a loaded checkpoint must hold finite. Collective under a
-        sharded engine (the Adam state is gathered; under ZeRO-3 the weights too, copied out on the CPU)."""
-        with self.engine.whole():
-            tensors = {f"weight {n}": engines.held(t) for n, t in self.policy.state_dict(keep_vars=True).items()}
-        return tensors | tensors_of(self.engine.state_dict()["state"], "optimizer state")
-
-    def trainable_parameters(self) -> list[torch.nn.Parameter]:
-        """The parameters this agent's optimiser steps, selected by name: its LoRA adapter and value head, or the
-        whole policy with full fine-tuning (never by `requires_grad`, which PEFT flips with the active adapter).
-        The trainer checks them for finiteness after every step."""
-        return self.policy.trainable_parameters()
-
-    @property
-    def optimizer(self) -> torch.optim.Optimizer:
-        """The torch Adam that steps this agent's parameters (under ZeRO: this process's shard of them)."""
-        return self.engine.optimizer
-
-    def _new_engine(self) -> engines.AdamStep | engines.ZeroStep | engines.FsdpStep:
-        """Adam over the trainable parameters, on every process or sharded by ZeRO (`cory/engines.py`, the run's
-        hardware option): torch defaults, no weight decay, constant learning rate (docs/method.md §2.1)."""
-        cfg = self.config
-        return engines.new_engine(
-            self.policy,
-            self.trainable_parameters(),
-            cfg.learning_rate,
-            cfg.max_grad_norm,
-            cfg.mini_batch_size,
-            cfg.gradient_accumulation_steps,
-        )
-
-    def _optimizer_step(self) -> bool:
-        return self.engine.step()
-
-    # ------------------------------------------------------------------------------------------ checkpointing
-    def save(self, directory: Path) -> None:
-        """What the policy owns (safetensors: adapter + value head, or all weights), optimiser (tensors only),
-        KL controller, score moments and RNG (JSON)."""
-        directory.mkdir(parents=True, exist_ok=True)
-        optimizer_state = self.engine.state_dict()  # under ZeRO, gathered by every process (collective)
-        with self.engine.whole():  # ZeRO-3: the weights gathered on every process (collective), rank 0 writes them
-            if distributed.is_main():
-                self.policy.save_weights(directory)
-        if not distributed.is_main():
-            return
-        torch.save(optimizer_state, directory / "optimizer.pt")
-        rng_name, keys, pos, has_gauss, gauss = self.rng.get_state()
-        state = {
-            "kl_coef": self.kl_ctl.value,
-            "score_moments": asdict(self.score_moments),
-            "rng": [rng_name, keys.tolist(), int(pos), int(has_gauss), float(gauss)],
-            "steps_since_load": self.steps_since_load,
-        }
-        (directory / AGENT_STATE).write_text(json.dumps(state))
-
-    def load(self, directory: Path) -> None:
-        """Inverse of `save`; the optimiser state is read with `weights_only=True` (no pickle execution)."""
-        with self.engine.whole(modify=True):  # ZeRO-3: every process reads the file, rank 0's copy is sharded
-            self.policy.load_weights(directory)
-        self.weights_changed()
-        self.engine.load_state_dict(torch.load(directory / "optimizer.pt", weights_only=True))
-        state = json.loads((directory / AGENT_STATE).read_text())
+    def restore(self, state: dict[str, Any]) -> None:
         self.kl_ctl.value = state["kl_coef"]
         self.score_moments = ppo_core.RunningMoments(**state["score_moments"])
-        name, keys, pos, has_gauss, gauss = state["rng"]
-        self.rng.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
-        self.steps_since_load = state["steps_since_load"]
 
-    def reset_training_state(self) -> None:
+    def reset(self) -> None:
         """Fresh optimiser, KL controller and score moments: the official swap's side effects (§1.5)."""
-        self.engine.reset(self.config.learning_rate)
+        self.trainee.reset()
         self.kl_ctl.value = self.config.init_kl_coef
         self.score_moments = ppo_core.RunningMoments()
-        self.steps_since_load = 0  # the official swap reloads the models

@@ -110,7 +110,7 @@ def agent_metrics(
     Args:
         rollout: the agent's rollout; `kls` [B, T] is zero on padding.
         task_rewards: r(q, a_i) per sample [B]; collective: R_i per sample [B], both before score scaling.
-        learn_stats: what `Agent.learn` returned for this rollout.
+        learn_stats: what the learner's update returned (`Update.stats`) for this rollout.
         eval_kl_coef: the task's fixed η_eval.
     """
     r = torch.tensor(task_rewards, dtype=torch.float32)
@@ -133,7 +133,7 @@ def agent_metrics(
         "sampled_entropy": learn_stats.get("sampled_entropy", float("nan")),
     }
     out = {f"train/{agent_id}/{k}": v for k, v in m.items()}
-    # `Agent.learn` keys → logged names (the learner keeps TRL's key names for the parity script)
+    # update statistics → logged names (the learner keeps TRL's key names for the parity script)
     ppo_keys = {
         "policy_loss": "policy_loss",
         "value_loss": "value_loss",

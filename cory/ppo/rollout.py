@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 import torch
+import torch.nn.functional as F
 from transformers import PreTrainedTokenizerBase
 
 from cory.ppo import core as ppo_core
@@ -43,6 +44,23 @@ class Rollout:
             v = getattr(self, f.name)
             out[f.name] = v[idx] if isinstance(v, torch.Tensor) else [v[i] for i in idx.tolist()]
         return Rollout(**out)
+
+
+def concat_rollouts(a: Rollout, b: Rollout, pad_token_id: int) -> Rollout:
+    """`a`'s samples then `b`'s as one batch: prompts re-padded on the left and responses on the right to the wider
+    of the two (padding is masked and positions come from the masks, so no log-prob or value changes)."""
+    out = {}
+    for field in fields(Rollout):
+        x, y = getattr(a, field.name), getattr(b, field.name)
+        if isinstance(x, list) or x.dim() == 1:  # texts, per-sample flags
+            out[field.name] = x + y if isinstance(x, list) else torch.cat([x, y])
+            continue
+        left = field.name.startswith("prompt_")  # [B, P] left-padded; every other [B, T] right-padded
+        value = pad_token_id if field.name.endswith("_ids") else 0
+        width = max(x.shape[1], y.shape[1])
+        padded = [F.pad(t, (width - t.shape[1], 0) if left else (0, width - t.shape[1]), value=value) for t in (x, y)]
+        out[field.name] = torch.cat(padded)
+    return Rollout(**out)
 
 
 def pad(seqs: list[torch.Tensor], value: int, left: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,145 @@
+"""`Actor`: how one agent answers prompts, and the rollout-time forward passes over its answers (docs/method.md §2.2).
+
+An actor samples responses with its rollout backend (Hugging Face `generate` on the live weights, or vLLM), then
+computes, once and without gradients, everything the update needs: log-probs under the policy and under π0, values
+of its own value head, the per-token KL and the entropy (`cory.ppo.rollout.score_forward`). Whichever backend
+sampled, these numbers are the trainee's own forward, so the update never depends on the backend.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from cory.ppo.backends import HFBackend, RolloutBackend
+from cory.ppo.rollout import Rollout, encode_prompts, pad, score_forward
+from cory.ppo.trainee import Trainee
+
+
+class Actor:
+    """Sampling and scoring for one trainee.
+
+    Args:
+        trainee: the model that answers.
+        reference: π0, shared and frozen (a frozen copy, or the LoRA base with adapters disabled).
+        tokenizer: the policy tokenizer.
+        kl_penalty: the per-token KL of the rollout (`full` or a sampled estimator, docs/method.md §2.4).
+        generate_in_train_mode: TRL's dropout-on sampling after the trainee's first update (§2.1).
+        add_special_tokens: tokenise prompts with the tokenizer's special tokens (the model's choice: Llama's BOS).
+        backend: what samples the responses; default Hugging Face `generate` on the trainee's policy.
+    """
+
+    def __init__(
+        self,
+        trainee: Trainee,
+        reference: torch.nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
+        kl_penalty: str,
+        generate_in_train_mode: bool,
+        add_special_tokens: bool = False,
+        backend: RolloutBackend | None = None,
+    ) -> None:
+        self.trainee, self.reference, self.tokenizer = trainee, reference, tokenizer
+        self.kl_penalty, self.generate_in_train_mode = kl_penalty, generate_in_train_mode
+        self.add_special_tokens = add_special_tokens
+        self.backend = backend if backend is not None else HFBackend(trainee.policy, tokenizer, trainee.device)
+        # the backend is synced before a generation whenever the policy's `weights_version` moved since the last sync;
+        # it lives on the policy handle, so an actor sharing another's policy sees that one's updates too
+        self._synced_version: int | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.trainee.device
+
+    def act(
+        self,
+        prompts: list[str],
+        max_new_tokens: int,
+        generation_kwargs: dict,
+        batch_size: int,
+        lengths: list[int] | None = None,
+        kl_estimator: str | None = None,
+        evaluation: bool = False,
+    ) -> Rollout:
+        """Sample one response per prompt, then compute the rollout-time quantities.
+
+        `lengths` (evaluation) cuts response i to its own cap; sampling is autoregressive, so this has the
+        distribution of sampling with `max_new_tokens=lengths[i]` while generating the batch in one call.
+        `evaluation=True` always samples in eval mode (dropout off): `generate_in_train_mode` reproduces a quirk
+        of TRL's training loop and must not confound a before/after comparison (docs/method.md §2.1, §1.6).
+        """
+        policy = self.trainee.policy
+        train_mode = self.generate_in_train_mode and self.trainee.updates_since_load > 0 and not evaluation
+        policy.train(train_mode)
+        prompt_ids = encode_prompts(self.tokenizer, prompts, self.add_special_tokens)
+        version = getattr(policy, "weights_version", 0)
+        if self._synced_version != version:
+            self.backend.sync_weights(policy)
+            self._synced_version = version
+        with self.trainee.autocast(), self.trainee.engine.generating():  # ZeRO-3: on gathered weights
+            response_ids = self.backend.generate(prompt_ids, max_new_tokens, generation_kwargs, batch_size)
+        policy.eval()
+        if lengths is not None:
+            response_ids = [r[:n] for r, n in zip(response_ids, lengths)]
+        rollout = self.score_tokens(prompt_ids, response_ids, prompts, kl_estimator)
+        eos = self.tokenizer.eos_token_id
+        caps = lengths if lengths is not None else [max_new_tokens] * len(response_ids)
+        rollout.hit_max_tokens = torch.tensor([len(r) >= c and r[-1] != eos for r, c in zip(response_ids, caps)])
+        return rollout
+
+    @torch.no_grad()
+    def score_tokens(
+        self,
+        prompt_ids: list[torch.Tensor],
+        response_ids: list[torch.Tensor],
+        prompts: list[str] | None = None,
+        kl_estimator: str | None = None,
+    ) -> Rollout:
+        """The rollout for given token ids (TRL `step`'s first forward passes). Lists of 1-D tensors.
+
+        `kl_estimator` overrides the configured penalty's estimator (evaluation always measures `full` KL).
+        """
+        if any(len(r) == 0 for r in response_ids):
+            raise ValueError("every response needs at least one token (max_new_tokens must be >= 1)")
+        p_ids, p_mask = pad(prompt_ids, self.tokenizer.pad_token_id, left=True)
+        r_ids, r_mask = pad(response_ids, self.tokenizer.pad_token_id, left=False)
+        device = self.trainee.device
+        with self.trainee.autocast():
+            out = score_forward(
+                self.trainee.forward_module(),
+                self.reference,
+                p_ids.to(device),
+                p_mask.to(device),
+                r_ids.to(device),
+                r_mask.to(device),
+                kl_estimator or self.kl_penalty,
+                self.trainee.forward_batch_size,
+            )
+        out = {k: v.cpu() for k, v in out.items()}
+        texts = self.tokenizer.batch_decode(response_ids, skip_special_tokens=True)
+        if prompts is None:
+            prompts = self.tokenizer.batch_decode(prompt_ids, skip_special_tokens=True)
+        return Rollout(
+            prompts=list(prompts),
+            responses=texts,
+            prompt_ids=p_ids,
+            prompt_mask=p_mask,
+            response_ids=r_ids,
+            response_mask=r_mask,
+            logprobs=out["logprobs"],
+            ref_logprobs=out["ref_logprobs"],
+            values=out["values"],
+            kls=out["kls"] * r_mask,
+            entropy=out["entropy"],
+            hit_max_tokens=torch.zeros(len(r_ids), dtype=torch.bool),
+        )
+
+    def context_length(self) -> int | None:
+        """The model's context in positions (None when its config does not say)."""
+        config = self.trainee.policy.pretrained_model.config.get_text_config()
+        return getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
+
+    def token_counts(self, prompts: list[str]) -> list[int]:
+        """Prompt lengths in tokens, as `act` tokenises them."""
+        ids = self.tokenizer(prompts, add_special_tokens=self.add_special_tokens)["input_ids"]
+        return [len(x) for x in ids]
