@@ -1,8 +1,8 @@
 """Checkpoint files: atomic writes, and reads that refuse a damaged, foreign or non-finite checkpoint in one line.
 
 A checkpoint `checkpoints/iter_<k>/` holds the algorithm's folder `algorithm/` (whatever its `save` writes: for
-PPO and CORY each agent's folder, `cory.ppo.learner.Agent.save`), the torch RNG states (safetensors) and `trainer.json`, written
-last. The helpers `check_files`, `damaged` and `refuse_nonfinite` are what an algorithm's `load` uses to refuse
+PPO and CORY each agent's folder, `cory.ppo.learner.Agent.save`, and `policies.json`, the folders that hold
+policies), the torch RNG states (safetensors) and `trainer.json`, written last. The helpers `check_files`, `damaged` and `refuse_nonfinite` are what an algorithm's `load` uses to refuse
 its own files in the same one-line way. It is written into a temporary sibling and renamed, so a
 crash mid-write leaves the previous checkpoint intact. Reading checks, before anything is restored or any log
 is truncated: `trainer.json` has every key, no file is empty, nothing pickled other than tensors is loaded
@@ -30,7 +30,7 @@ ALGORITHM_DIR = "algorithm"
 # In `algorithm/`: the agent folders that hold a policy (weights a `cory.policy` handle loads), written by algorithms
 # whose agents can be evaluated alone or exported; what `cory.evaluate` and an export read, whatever the algorithm.
 POLICIES = "policies.json"
-CHECKPOINT_FORMAT = 3  # 3: the algorithm owns `algorithm/` (older checkpoints are refused, not misread)
+CHECKPOINT_FORMAT = 4  # 3: the algorithm owns `algorithm/`; 4: a team of parts (older ones are refused, not misread)
 STATE_KEYS = (  # what trainer.json must hold (`pending_eval` is optional: older checkpoints have none)
     "format",
     "iteration",

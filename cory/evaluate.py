@@ -82,16 +82,12 @@ def load_config(run_dir: Path | None, overrides: list[str]) -> DictConfig:
 
 
 def checkpoint_agents(checkpoint: Path) -> list[str]:
-    """The policy agents of a checkpoint whose weights a `Backbone` handle can load (PPO's, GRPO's and CORY's
-    family): a learner's folder (`AGENT_STATE`) with policy weights; a centralised critic's is not a policy."""
-    from cory.policy import ADAPTER_WEIGHTS, FULL_WEIGHTS
-    from cory.ppo.learner import AGENT_STATE
+    """The policy agents of a checkpoint whose weights a `Backbone` handle can load: the folders its algorithm
+    recorded as policies (`cory.checkpoints.policy_folders`; a centralised critic's is not one). A checkpoint that
+    recorded none (MAFT's, whose agents are adapters of its own) has no policy agents to evaluate here."""
+    from cory.checkpoints import policy_folders
 
-    folder = checkpoint / ALGORITHM_DIR
-    if not folder.is_dir():
-        return []
-    weights = [p for p in folder.iterdir() if (p / FULL_WEIGHTS).is_file() or (p / ADAPTER_WEIGHTS).is_file()]
-    return sorted(p.name for p in weights if (p / AGENT_STATE).is_file())
+    return sorted(policy_folders(checkpoint) or [])
 
 
 class _Policy:

@@ -19,15 +19,18 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cory.naming import team_name
+
 # Written by the trainer / its run folder (cory.runs.RUN_CONFIG; a lower layer cannot import cory.runs).
 RUN_CONFIG, SUMMARY, OVERRIDES = "run_config.yaml", "summary.json", ".hydra/overrides.yaml"
-# CORY's cumulative role-exchange counter (cory.algorithms.cory.CORY_METRICS), logged every training iteration.
+# A team's cumulative role-exchange counter (cory.algorithms.team.TEAM_METRICS), logged every training iteration.
 SWAPS_KEY = "cory/swaps"
 KL_UNIT = "nats"
 # The unit of a task's reward, keyed by the class name of the reward (`task.reward._target_`) or, for tasks that
@@ -52,6 +55,11 @@ ALGORITHM_NAMES = {  # how figures name each `algorithm=` option (the config's f
     "cory_lora_roles": "CORY LoRA per role",
     "cory_grpo": "CORY with GRPO",
     "cory_rloo": "CORY with RLOO",
+    "cory_simultaneous": "CORY w/o REx",
+    "cory_counterfactual": "CORY counterfactual credit",
+    "cory_chain3": "CORY three-role chain",
+    "cory_sequential": "CORY sequential updates",
+    "team3_cc": "MAPPO-style team of 3",
 }
 
 
@@ -95,18 +103,37 @@ def algorithm_name(config: Mapping | None, summary: Mapping | None = None) -> st
     """The algorithm as a figure names it (`CORY`, `PPO`, `MAFT`), with the ablation or variant the run is."""
     config, summary = config or {}, summary or {}
     algorithm = config.get("algorithm") or {}
-    name = (_target_name(algorithm) or summary.get("algorithm") or "").lower()
+    name = (summary.get("algorithm") or _team_name(algorithm) or _target_name(algorithm) or "").lower()
     if not name:
         return None
     label = ALGORITHM_NAMES.get(name, name)
     variants = []
-    if isinstance(algorithm, Mapping):
-        variants = [f"w/o {what}" for key, what in (("knowledge_transfer", "KT"), ("role_exchange", "REx"))
-                    if algorithm.get(key) is False]  # fmt: skip
+    episode = algorithm.get("episode") if isinstance(algorithm, Mapping) else None
+    if (
+        isinstance(episode, Mapping)
+        and len(episode.get("roles") or ()) > 1
+        and episode.get("knowledge_transfer") is False
+    ):
+        variants.append("w/o KT")
     single = algorithm.get("single_agent_ft") if isinstance(algorithm, Mapping) else None
     if single or (single is None and summary.get("single_agent_ft")):
         variants.append("single-agent FT")
     return " ".join([label, *variants])
+
+
+def _option(node: Any) -> str:
+    """A part's option name from its class name (`RoleSwap` → `role_swap`, `CentralizedCritic` → `centralized`)."""
+    name = re.sub(r"(?<!^)(?=[A-Z][a-z])", "_", _target_name(node) or "").lower()
+    return {"per_agent_critic": "per_agent", "no_critic": "none", "centralized_critic": "centralized"}.get(name, name)
+
+
+def _team_name(algorithm: Any) -> str | None:
+    """The name `Team.describe` gives the policy-gradient team a config composes (`cory.naming.team_name`)."""
+    episode = algorithm.get("episode") if isinstance(algorithm, Mapping) else None
+    if not isinstance(episode, Mapping) or not episode.get("name"):
+        return None
+    parts = {k: _option(algorithm.get(k)) for k in ("critic", "advantage", "schedule", "layout", "credit")}
+    return team_name(episode["name"], len(episode.get("roles") or ()), **parts)
 
 
 def run_info(config: Mapping | None = None, summary: Mapping | None = None, overrides: Iterable[str] = ()) -> RunInfo:

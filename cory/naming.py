@@ -50,3 +50,22 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("cory.uniq", uniq, use_cache=True)
         OmegaConf.register_new_resolver("cory.sweep_name", sweep_name)
         OmegaConf.register_new_resolver("cory.job_subdir", job_subdir)
+
+
+def team_name(episode: str, roles: int, critic: str, advantage: str, schedule: str, layout: str, credit: str) -> str:
+    """The name of a policy-gradient team in summaries, W&B and figures, from its parts' option names
+    (`cory/algorithms/team.py`): the episode's own name (`ppo`, `cory`, …), `_cc` with a centralised critic, the
+    advantage estimator when it is not GAE (with one role it replaces `ppo`: `grpo`, `rloo`), with several roles the
+    layout and the schedule when they are not CORY's (`cory_interleaved`, `cory_shared`, `cory_lora_per_role`), and
+    the credit rule when it is not the collective reward (`cory_counterfactual`)."""
+    name = episode + ("_cc" if critic == "centralized" else "")
+    if advantage != "gae":
+        name = advantage if roles == 1 else f"{name}_{advantage}"
+    if roles > 1:
+        if layout != "separate":
+            name += f"_{layout}" + ("" if schedule == "simultaneous" else f"_{schedule}")
+        elif schedule != "role_swap":
+            name += f"_{schedule}"
+    if credit != "collective":
+        name += f"_{credit}"
+    return name

@@ -94,7 +94,7 @@ def draw_curves(metrics_jsonl: Path, smooth: int = 0, info: figures.RunInfo | No
     info = info or figures.read_run_info(metrics_jsonl.parent)
     agents = discover_agents(data)
     colors = {agent: f"C{i % 10}" for i, agent in enumerate(agents)}
-    role_styles = {"pioneer": ("k", "--"), "observer": ("0.5", ":")}
+    role_styles = {"pioneer": ("k", "--"), "observer": ("0.5", ":")}  # other roles: grey dash-dot
     swap_steps = swaps(data)
     labels = panel_labels(info)
 
@@ -117,7 +117,7 @@ def draw_curves(metrics_jsonl: Path, smooth: int = 0, info: figures.RunInfo | No
         for role in ROLES if with_roles else ():
             if role_key(role, name) in data:
                 xs, ys = data[role_key(role, name)]
-                color, style = role_styles[role]
+                color, style = role_styles.get(role, ("0.7", "-."))
                 draw_line(ax, xs, ys, smooth, color=color, ls=style, lw=1, alpha=0.8, label=f"{role} (by role)")
                 drawn = True
         if drawn:

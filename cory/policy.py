@@ -9,8 +9,8 @@ Two ways to give CORY's agents (and PPO's one) their weights (docs/method.md §1
   the adapters disabled (PEFT's `disable_adapter()`), as TRL builds the reference of a PEFT model: the base
   weights exist once in memory.
 
-`PolicyWithValueHead` is what a `cory.ppo.trainee.Trainee` holds in both cases. It activates its own adapter before every
-forward and generate, lists the parameters it owns *by name* (PEFT's `set_adapter` flips `requires_grad` with the
+`PolicyWithValueHead` is what a `cory.ppo.trainee.Trainee` holds in both cases. It activates its own adapter before
+every forward and generate, lists the parameters it owns *by name* (PEFT's `set_adapter` flips `requires_grad` with the
 active adapter, so a `requires_grad` filter would hand one agent's optimiser the other agent's adapter), and saves
 and loads only what it owns: the adapter (PEFT's `adapter_model.safetensors` + `adapter_config.json`) and the value
 head with LoRA, the whole policy otherwise. Nothing is pickled.

@@ -1,4 +1,4 @@
-"""Numerical parity of `cory.ppo.learner.Agent.learn` with TRL 0.11.4's `PPOTrainer.step` (docs/method.md §2).
+"""Numerical parity of `cory.ppo.learner.PPOLearner.update` (GAE, clipped loss) with TRL 0.11.4's `PPOTrainer.step` (docs/method.md §2).
 
 TRL ≥ 0.12 has no step-API PPO, so the oracle lives in its own virtual environment. `make parity` builds it
 once and runs this script and tests/test_trl_parity.py; by hand:
@@ -100,7 +100,7 @@ INSTALL_HINT = (
     "PYTHONPATH=. .venv-trl/bin/python scripts/check_trl_parity.py (trl>=0.12 has no PPOTrainer.step)"
 )
 
-# (TRL stat key, our `Agent.learn` key). TRL logs the *unscaled* value loss (`ppo/loss/value` = L_vf, not
+# (TRL stat key, our `PPOLearner.update` key). TRL logs the *unscaled* value loss (`ppo/loss/value` = L_vf, not
 # vf_coef·L_vf), and zeroes both losses of a minibatch that trips the ratio threshold.
 STAT_PAIRS = [
     ("objective/kl", "kl"),
@@ -331,12 +331,25 @@ def build_ours(base, ref_base, tokenizer, learner: dict, seed: int, trl_model):
     import torch
 
     from cory.models import make_reference
-    from cory.ppo.learner import Agent, PPOConfig
+    from cory.ppo.estimators import GAE
+    from cory.ppo.learner import PPOConfig, agent_on
+    from cory.ppo.losses import ClippedPPO
 
-    agent = Agent("ours", copy.deepcopy(base), make_reference(ref_base), tokenizer, PPOConfig(**learner), seed=seed)
+    estimator = {k: learner.pop(k) for k in ("gamma", "lam", "whiten_rewards")} | {"per_role": False}
+    loss = {k: learner.pop(k) for k in ("cliprange", "cliprange_value", "vf_coef")}
+    agent = agent_on(
+        "ours",
+        copy.deepcopy(base),
+        make_reference(ref_base),
+        tokenizer,
+        PPOConfig(**learner),
+        seed=seed,
+        advantage=GAE(**estimator),
+        loss=ClippedPPO(**loss),
+    )
     with torch.no_grad():
-        agent.policy.v_head.summary.weight.copy_(trl_model.v_head.summary.weight)
-        agent.policy.v_head.summary.bias.copy_(trl_model.v_head.summary.bias)
+        agent.trainee.policy.v_head.summary.weight.copy_(trl_model.v_head.summary.weight)
+        agent.trainee.policy.v_head.summary.bias.copy_(trl_model.v_head.summary.bias)
     return agent
 
 
@@ -345,7 +358,7 @@ def param_diffs(trl_model, agent, n_embd: int) -> dict:
     import torch
 
     theirs = dict(trl_model.named_parameters())
-    ours = dict(agent.policy.named_parameters())
+    ours = dict(agent.trainee.policy.named_parameters())
     if set(theirs) != set(ours):
         raise AssertionError(f"parameter names differ: {sorted(set(theirs) ^ set(ours))}")
     out = {"all": 0.0, "excl_key_bias": 0.0, "excl_key_bias_name": "", "key_bias": 0.0, "v_head": 0.0}
@@ -565,6 +578,8 @@ def run_case(
     import numpy as np
     import torch
 
+    from cory.ppo.learner import Batch
+
     torch.set_num_threads(min(4, torch.get_num_threads()))
     # every learner setting is given to both sides explicitly (TRL's defaults are the paper's, §2)
     learner = dict(
@@ -595,17 +610,17 @@ def run_case(
     )
     base, ref_base, tokenizer = build_models(model_seed, peak, ref_noise)
     trainer = build_trl(base, ref_base, tokenizer, learner | {"batch_size": batch_size}, seed, model_seed + 1)
-    agent = build_ours(base, ref_base, tokenizer, learner, seed, trainer.model)
+    agent = build_ours(base, ref_base, tokenizer, dict(learner), seed, trainer.model)
     n_embd = base.config.n_embd
     batches = make_batches(
         n_steps, batch_size, tokenizer.eos_token_id, data_seed, equal_lengths, base if sampled_responses else None
     )
 
-    init = {k: v.detach().clone() for k, v in agent.policy.named_parameters()}
+    init = {k: v.detach().clone() for k, v in agent.trainee.policy.named_parameters()}
     tamper_handle = _install_tamper(tamper, agent, n_embd, learning_rate)  # before the monitors: they see its effect
     monitors = {
         "trl": KeyBiasMonitor(trainer.model, trainer.optimizer, n_embd),
-        "ours": KeyBiasMonitor(agent.policy, agent.optimizer, n_embd),
+        "ours": KeyBiasMonitor(agent.trainee.policy, agent.trainee.engine.optimizer, n_embd),
     }
     d0 = param_diffs(trainer.model, agent, n_embd)["all"]
     settings = {k: v for k, v in learner.items() if k not in ("gamma", "lam", "cliprange", "cliprange_value")}
@@ -619,16 +634,16 @@ def run_case(
             warnings.simplefilter("always")
             trl_stats = trainer.step(list(queries), list(responses), [torch.tensor(s) for s in scores])
         trl_hits = sum("exceeds threshold" in str(w.message) for w in caught)
-        rollout = agent.score_tokens(list(queries), list(responses))
-        our_stats = agent.learn(rollout, torch.tensor(scores))
+        rollout = agent.actor.score_tokens(list(queries), list(responses))
+        our_stats = agent.learner.update(Batch(rollout, torch.tensor(scores))).stats
         if tamper == "key_bias_after_learn" and step == 1:
-            _shift_key_bias(agent.policy, n_embd, TAMPER_LR_MULTIPLE * learning_rate)
+            _shift_key_bias(agent.trainee.policy, n_embd, TAMPER_LR_MULTIPLE * learning_rate)
 
         pd = param_diffs(trainer.model, agent, n_embd)
-        change = {k: p.detach() - init[k] for k, p in agent.policy.named_parameters()}
+        change = {k: p.detach() - init[k] for k, p in agent.trainee.policy.named_parameters()}
         stats, stat_failures = compare_stats(trl_stats, our_stats, trl_hits, stat_rtol, stat_atol)
         failures += [f"step {step}: {f}" for f in stat_failures]
-        kl_trl, kl_ours = float(trainer.kl_ctl.value), float(agent.kl_ctl.value)
+        kl_trl, kl_ours = float(trainer.kl_ctl.value), float(agent.learner.kl_coef)
         # TRL's β becomes an np.float32 after its first update (it multiplies by a float32 stat): float32 rounding
         if not _close(kl_trl, kl_ours, 1e-6, 0.0):
             failures.append(f"step {step}: kl_coef after update {kl_trl!r} vs {kl_ours!r}")
@@ -691,13 +706,13 @@ def _install_tamper(tamper: str | None, agent, n_embd: int, lr: float):
     """The optimiser hook of a step-time `tamper` on our learner (None for none or for `key_bias_after_learn`)."""
     import torch
 
-    optimizer = _torch_optimizer(agent.optimizer)
+    optimizer = _torch_optimizer(agent.trainee.engine.optimizer)
     if tamper == "key_bias_in_step":
         calls = []
 
         def shift_once(opt, args, kwargs) -> None:
             if not calls:
-                _shift_key_bias(agent.policy, n_embd, TAMPER_LR_MULTIPLE * lr)
+                _shift_key_bias(agent.trainee.policy, n_embd, TAMPER_LR_MULTIPLE * lr)
             calls.append(1)
 
         return optimizer.register_step_post_hook(shift_once)
@@ -705,7 +720,7 @@ def _install_tamper(tamper: str | None, agent, n_embd: int, lr: float):
 
         def learn_key_bias(opt, args, kwargs) -> None:
             # as if the key bias were learned: a same-sign gradient, a fixed fraction of the query/value biases'
-            for k, p in agent.policy.named_parameters():
+            for k, p in agent.trainee.policy.named_parameters():
                 if k.endswith("attn.c_attn.bias") and p.grad is not None:
                     g = p.grad.detach().abs()
                     scale = torch.maximum(g[:n_embd].max(), g[2 * n_embd :].max())

@@ -111,7 +111,7 @@ def bf16_vs_fp32() -> dict:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from cory.models import byte_tokenizer, make_reference
-    from cory.ppo.learner import Agent, PPOConfig
+    from cory.ppo.learner import PPOConfig, agent_on
 
     tokenizer = byte_tokenizer()
     torch.manual_seed(0)
@@ -125,11 +125,11 @@ def bf16_vs_fp32() -> dict:
     responses = [torch.randint(0, 256, (int(n),), generator=g) for n in torch.randint(4, 16, (256,), generator=g)]
     scored = {}
     for name, dtype in (("fp32", None), ("bf16", torch.bfloat16)):
-        agent = Agent(
+        agent = agent_on(
             "llm1", copy.deepcopy(model), copy.deepcopy(ref).cuda(), tokenizer, PPOConfig.from_yaml(), seed=0,
             device="cuda", autocast_dtype=dtype,
         )  # fmt: skip
-        scored[name] = agent.score_tokens(prompts, responses)
+        scored[name] = agent.actor.score_tokens(prompts, responses)
     fp32, bf16 = scored["fp32"], scored["bf16"]
     mask = fp32.response_mask.bool()
     kl32, kl16 = fp32.kls.sum(-1), bf16.kls.sum(-1)

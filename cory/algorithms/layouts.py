@@ -5,9 +5,11 @@ A layout is a small frozen dataclass picked by `_target_` in `cory/conf/algorith
 
 | layout | agents | weights |
 |---|---|---|
-| `Separate` (CORY) | one per role: llm1, llm2, … | each its own full copy or LoRA adapter, value head and optimiser |
-| `LoraPerRole` | one per role | one frozen base with one LoRA adapter per role, named after the role (llm1 trains `pioneer`, llm2 `observer`); an adapter never leaves its role |
-| `Shared` (self-play) | llm1 alone | one policy plays every role and takes one update per iteration on all roles' samples |
+| `Separate` (CORY) | one per role: llm1, llm2, … | each its own full copy or LoRA adapter, value head, optimiser |
+| `LoraPerRole` | one per role | one frozen base, one LoRA adapter per role named after it (llm1 trains `pioneer`) |
+| `Shared` (self-play) | llm1 alone | one policy plays every role, one update per iteration on all roles' samples |
+
+With `LoraPerRole` an adapter never leaves its role: no schedule that exchanges roles.
 """
 
 from __future__ import annotations

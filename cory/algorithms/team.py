@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from functools import partial
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +41,7 @@ from cory.algorithms.episodes import Chain, Played
 from cory.checkpoints import check_files, damaged, refuse_nonfinite
 from cory.errors import CheckpointError, ConfigError
 from cory.metrics import AGENT_PLACEHOLDER, role_key
+from cory.naming import team_name
 from cory.ppo.critics import CRITIC_DIR, joint_batch
 from cory.ppo.learner import Batch
 from cory.ppo.metrics import agent_metrics, headline, nonfinite, sample_rows
@@ -47,6 +49,8 @@ from cory.ppo.rollout import Rollout, concat_rollouts
 from cory.preemption import abandonable
 from cory.tasks.base import SafeScorer
 
+# `Chain.play`'s arguments after the actors, by name (a counterfactual credit replays with the same ones)
+_PLAY = ("actors", "task", "scorer", "queries", "max_new_tokens", "batch_size")
 # What a frozen agent's iteration cannot report: statistics of an update it did not take.
 _UPDATE_ONLY = ("scaled_collective_reward", "entropy", "sampled_entropy")
 
@@ -146,24 +150,17 @@ class Team:
         return self.team.agents
 
     def describe(self) -> dict:
-        """The run's name and identity: the episode's name (`ppo`, `cory`, …), `_cc` with a joint critic, the
-        estimator when it is not GAE, the schedule and layout when they are not the episode's own, the credit rule
-        when it is not the collective reward."""
+        """The run's name (`cory.naming.team_name`: `ppo`, `cory`, `cory_cc`, `cory_interleaved`, …) and what tells
+        its runs apart: the initial β, the estimator, and the parts that are not the episode's own."""
         roles, schedule, layout = len(self.episode.roles), self.schedule.name, self.layout.name
         estimator = dict(self.advantage.describe())
-        name = self.episode.name + ("_cc" if self.critic_part.name == "centralized" else "")
-        if estimator["advantage"] != "gae":
-            name = estimator["advantage"] if roles == 1 else f"{name}_{estimator['advantage']}"
+        name = team_name(
+            self.episode.name, roles, self.critic_part.name, estimator["advantage"], schedule, layout, self.credit.name
+        )
         identity: dict = {}
-        if roles > 1:
-            if layout != "separate":
-                name += f"_{layout}" + ("" if schedule == "simultaneous" else f"_{schedule}")
-            elif schedule != "role_swap":
-                name += f"_{schedule}"
-            if schedule != "role_swap" or layout != "separate":
-                identity |= {"schedule": schedule, "policy_sharing": layout}
+        if roles > 1 and (schedule != "role_swap" or layout != "separate"):
+            identity |= {"schedule": schedule, "policy_sharing": layout}
         if self.credit.name != "collective":
-            name += f"_{self.credit.name}"
             identity["credit"] = self.credit.name
         if self.critic_part.name == "centralized":
             identity["critic"] = "centralized"
@@ -186,7 +183,9 @@ class Team:
                 args = (actors, self.task, self.scorer, queries, max_new_tokens, self.team.generation_batch_size)
                 played = self.episode.play(*args)
                 # 4. each role's reward from everyone's (a counterfactual rule replays roles without one answer)
-                rewards = self.credit(played.rewards, lambda removed: self.episode.without(removed, played, *args))
+                rewards = self.credit(
+                    played.rewards, partial(self.episode.without, played=played, **dict(zip(_PLAY, args)))
+                )
             t1 = time.perf_counter()
             # 5-7. V_old, the updates, the joint critic's update
             self._update(k, players, learners, played, rewards, records)

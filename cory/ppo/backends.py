@@ -1,8 +1,8 @@
 """Rollout backends: what samples an agent's responses. The update never depends on which one did.
 
 An agent asks its backend for response token ids only; every log-prob, value and KL of the rollout is then
-recomputed by the agent's own Hugging Face forward (`cory.ppo.actor.Actor.score_tokens`), so the PPO update sees the same numbers
-whichever engine sampled the tokens (docs/implementation-notes.md, "Rollout backends").
+recomputed by the agent's own Hugging Face forward (`cory.ppo.actor.Actor.score_tokens`), so the PPO update sees the
+same numbers whichever engine sampled the tokens (docs/implementation-notes.md, "Rollout backends").
 
 - `hf` (default): `generate` of the live policy, exactly the code path of every run before backends existed.
 - `vllm` (`rollout=vllm`, a CUDA machine with vLLM installed): one colocated engine per process, weights pushed from

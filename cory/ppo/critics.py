@@ -230,4 +230,3 @@ class JointValueModel:
 
     def load(self, directory: Path) -> None:
         self.trainee.load(directory, CRITIC_STATE)
-

@@ -34,8 +34,8 @@ def standard_error(values: torch.Tensor) -> float:
 def evaluate(
     actor: Actor, task: Task, queries: list[str], lengths: list[int], batch_size: int, seed: int
 ) -> tuple[dict[str, float], list[dict]]:
-    """Mean eval metrics for the agent `actor` answers for, and a few sample rows. Sampling uses its own seeded RNG, so evaluating
-    never changes the training run's random stream."""
+    """Mean eval metrics for the agent `actor` answers for, and a few sample rows. Sampling uses its own seeded RNG,
+    so evaluating never changes the training run's random stream."""
     with torch.random.fork_rng(devices=[actor.device] if actor.device.type == "cuda" else []):
         torch.manual_seed(seed)
         rollout = actor.act(

@@ -197,10 +197,11 @@ class PPOConfig:
 def part_from_yaml(group: str, option: str, **overrides: object):
     """The part `cory/conf/algorithm/<group>/<option>.yaml` names, with its values and `overrides` (code that runs
     without Hydra: scripts, tests). E.g. `part_from_yaml("advantage", "gae")`."""
-    from hydra.utils import get_object
+    import importlib
 
     block = yaml.safe_load((CONF / group / f"{option}.yaml").read_text(encoding="utf-8"))
-    target = get_object(block.pop("_target_"))
+    module, name = block.pop("_target_").rsplit(".", 1)
+    target = getattr(importlib.import_module(module), name)
     return target(**({k: v for k, v in block.items() if not k.startswith("_")} | overrides))
 
 
@@ -318,7 +319,9 @@ class PPOLearner:
         # 3. advantages and returns: the estimator (GAE whitened, §2.5; or a group baseline, §9)
         values = values * mask
         roles = batch.roles if batch.roles is not None else torch.zeros(batch_size, dtype=torch.long)
-        estimate = self.advantage(EstimatorInputs(rewards, values if self.advantage.uses_values else None, mask, roles))
+        estimate = self.advantage(
+            EstimatorInputs(rewards, values if self.advantage.uses_values else None, mask, roles)
+        )
         advantages, returns = estimate.advantages, estimate.returns
         # 4. PPO epochs over shuffled minibatches, one optimiser step per backward batch (§2.6, §2.7)
         backward_batch = cfg.mini_batch_size * cfg.gradient_accumulation_steps
@@ -402,7 +405,10 @@ class PPOLearner:
         with torch.no_grad():
             out: dict[str, float] = {}
             if terms.value is not None:
-                out |= {"value_loss": 0.0 if hit else terms.value.item(), "value_clipfrac": terms.value_clipfrac.item()}
+                out |= {
+                    "value_loss": 0.0 if hit else terms.value.item(),
+                    "value_clipfrac": terms.value_clipfrac.item(),
+                }
             if terms.kl is not None:
                 out["kl_loss"] = terms.kl.item()
             return out | {
