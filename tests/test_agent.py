@@ -30,7 +30,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 from cory.models import build_tiny_gpt2, make_reference
 from cory.ppo import core as ppo_core
-from cory.ppo.learner import Agent, PPOConfig
+from cory.ppo.learner import Agent, Batch, PPOConfig, agent_on
 from cory.ppo.rollout import forward_logits, pad, truncate_after_eos
 
 # The paper's learner block from the YAML, with B = 4 samples, 2 per minibatch, 2 epochs → 4 optimiser steps per learn
@@ -55,7 +55,7 @@ def make_agent(cfg: PPOConfig = CFG, seed: int = 0, model_seed: int = 0, ref=Non
     model, tokenizer = build_tiny_gpt2(seed=model_seed)
     sharpen(model, model_seed)
     ref = make_reference(model) if ref is None else ref
-    return Agent("llm1", model, ref, tokenizer, cfg, seed=seed)
+    return agent_on("llm1", model, ref, tokenizer, cfg, seed=seed)
 
 
 def token_lists(eos: int, seed: int = 0) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -68,7 +68,7 @@ def token_lists(eos: int, seed: int = 0) -> tuple[list[torch.Tensor], list[torch
 
 
 def rollout_for(agent: Agent, seed: int = 0):
-    return agent.score_tokens(*token_lists(agent.tokenizer.eos_token_id, seed))
+    return agent.actor.score_tokens(*token_lists(agent.actor.tokenizer.eos_token_id, seed))
 
 
 def snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -83,18 +83,18 @@ def changed(before: dict[str, torch.Tensor], module: torch.nn.Module, prefix: st
 # ------------------------------------------------------------------------------------------------------- (a)
 def test_learn_moves_policy_and_value_head_but_not_reference():
     agent = make_agent()
-    ref_before = snapshot(agent.ref_model)
-    policy_before = snapshot(agent.policy)
-    agent.learn(rollout_for(agent), SCORES)
-    moved = changed(policy_before, agent.policy)
+    ref_before = snapshot(agent.actor.reference)
+    policy_before = snapshot(agent.trainee.policy)
+    agent.learner.update(Batch(rollout_for(agent), SCORES))
+    moved = changed(policy_before, agent.trainee.policy)
     assert any(k.startswith("pretrained_model.transformer.h.") for k in moved), moved
     assert "pretrained_model.transformer.wte.weight" in moved
     assert {"v_head.summary.weight", "v_head.summary.bias"} <= set(moved)
     # the reference is bit-identical, frozen and shares no storage with the policy
-    assert changed(ref_before, agent.ref_model) == []
-    assert all(not p.requires_grad for p in agent.ref_model.parameters())
-    policy_ptrs = {p.data_ptr() for p in agent.policy.parameters()}
-    assert not policy_ptrs & {p.data_ptr() for p in agent.ref_model.parameters()}
+    assert changed(ref_before, agent.actor.reference) == []
+    assert all(not p.requires_grad for p in agent.actor.reference.parameters())
+    policy_ptrs = {p.data_ptr() for p in agent.trainee.policy.parameters()}
+    assert not policy_ptrs & {p.data_ptr() for p in agent.actor.reference.parameters()}
 
 
 # ------------------------------------------------------------------------------------------------------- (b)
@@ -103,8 +103,8 @@ def _single_forward(agent: Agent, prompt: torch.Tensor, response: torch.Tensor):
     ids = torch.cat([prompt, response])[None]
     P, T = len(prompt), len(response)
     with torch.no_grad():
-        logits, values = agent.policy(ids, torch.ones_like(ids), torch.arange(ids.shape[1])[None])
-        ref_logits = agent.ref_model(input_ids=ids).logits
+        logits, values = agent.trainee.policy(ids, torch.ones_like(ids), torch.arange(ids.shape[1])[None])
+        ref_logits = agent.actor.reference(input_ids=ids).logits
     logits, ref_logits, values = (
         logits[:, P - 1 : P + T - 1],
         ref_logits[:, P - 1 : P + T - 1],
@@ -120,9 +120,11 @@ def _single_forward(agent: Agent, prompt: torch.Tensor, response: torch.Tensor):
 
 def test_score_tokens_is_padding_invariant():
     agent = make_agent()
-    agent.learn(rollout_for(agent, seed=5), SCORES)  # make policy ≠ reference so KL and ref log-probs differ
-    prompts, responses = token_lists(agent.tokenizer.eos_token_id)
-    rollout = agent.score_tokens(prompts, responses)
+    agent.learner.update(
+        Batch(rollout_for(agent, seed=5), SCORES)
+    ).stats  # make policy ≠ reference so KL and ref log-probs differ
+    prompts, responses = token_lists(agent.actor.tokenizer.eos_token_id)
+    rollout = agent.actor.score_tokens(prompts, responses)
     assert rollout.logprobs.std() > 1.0  # the sharpened model is far from uniform: the comparison has teeth
     for i, (p, r) in enumerate(zip(prompts, responses)):
         T = len(r)
@@ -135,10 +137,10 @@ def test_score_tokens_is_padding_invariant():
         assert (rollout.kls[i, T:] == 0).all()
     assert (rollout.kls * rollout.response_mask).sum() > 0
     # sensitivity: the same padded batch without position ids gives different log-probs for left-padded rows
-    p_ids, p_mask = pad(prompts, agent.tokenizer.pad_token_id, left=True)
-    r_ids, r_mask = pad(responses, agent.tokenizer.pad_token_id, left=False)
+    p_ids, p_mask = pad(prompts, agent.actor.tokenizer.pad_token_id, left=True)
+    r_ids, r_mask = pad(responses, agent.actor.tokenizer.pad_token_id, left=False)
     with torch.no_grad():
-        out = agent.policy.pretrained_model(
+        out = agent.trainee.policy.pretrained_model(
             input_ids=torch.cat([p_ids, r_ids], 1), attention_mask=torch.cat([p_mask, r_mask], 1)
         ).logits[:, p_ids.shape[1] - 1 : -1]
     no_pos = ppo_core.gather_logprobs(out, r_ids)
@@ -148,16 +150,16 @@ def test_score_tokens_is_padding_invariant():
 
 def test_forward_logits_aligns_logits_with_response_tokens():
     agent = make_agent()
-    prompts, responses = token_lists(agent.tokenizer.eos_token_id)
+    prompts, responses = token_lists(agent.actor.tokenizer.eos_token_id)
     p_ids, p_mask = pad(prompts, 0, left=True)
     r_ids, r_mask = pad(responses, 0, left=False)
     with torch.no_grad():
-        logits, values = forward_logits(agent.policy, p_ids, p_mask, r_ids, r_mask, with_values=True)
-    assert logits.shape == (4, max(RESPONSE_LENS), agent.policy.pretrained_model.config.vocab_size)
+        logits, values = forward_logits(agent.trainee.policy, p_ids, p_mask, r_ids, r_mask, with_values=True)
+    assert logits.shape == (4, max(RESPONSE_LENS), agent.trainee.policy.pretrained_model.config.vocab_size)
     assert values.shape == (4, max(RESPONSE_LENS))
     # column 0 is the prediction made at the last prompt token: equal to the next-token logits of the prompt alone
     with torch.no_grad():
-        alone = agent.policy.pretrained_model(input_ids=prompts[0][None]).logits[0, -1]
+        alone = agent.trainee.policy.pretrained_model(input_ids=prompts[0][None]).logits[0, -1]
     torch.testing.assert_close(logits[0, 0], alone, atol=1e-5, rtol=0)
 
 
@@ -198,7 +200,7 @@ class _EosAt(LogitsProcessor):
 
 def test_act_truncates_after_first_eos_and_keeps_it():
     agent = make_agent()
-    eos = agent.tokenizer.eos_token_id
+    eos = agent.actor.tokenizer.eos_token_id
     prompts = ["ab", "hello"]  # byte tokens: widths 2 and 5, so the batch is left-padded to 5
     kwargs = {
         "do_sample": True,
@@ -207,7 +209,7 @@ def test_act_truncates_after_first_eos_and_keeps_it():
         "logits_processor": LogitsProcessorList([_EosAt(5, eos, 2)]),
     }
     torch.manual_seed(0)
-    rollout = agent.act(prompts, max_new_tokens=6, generation_kwargs=kwargs, batch_size=2)
+    rollout = agent.actor.act(prompts, max_new_tokens=6, generation_kwargs=kwargs, batch_size=2)
     assert rollout.response_mask.tolist() == [[1, 1, 1, 0, 0, 0], [1] * 6]
     assert rollout.response_ids[0, 2].item() == eos  # EOS kept as the last response token
     assert (rollout.response_ids[1] != eos).all()
@@ -215,7 +217,7 @@ def test_act_truncates_after_first_eos_and_keeps_it():
     assert rollout.prompt_mask.tolist() == [[0, 0, 0, 1, 1], [1, 1, 1, 1, 1]]
     # decoded text drops the EOS
     assert rollout.prompts == prompts
-    assert rollout.responses[0] == agent.tokenizer.decode(rollout.response_ids[0, :2])
+    assert rollout.responses[0] == agent.actor.tokenizer.decode(rollout.response_ids[0, :2])
     assert "<|endoftext|>" not in rollout.responses[0]
 
 
@@ -225,7 +227,7 @@ def test_kl_is_zero_at_step_zero_and_positive_after_learning():
     rollout = rollout_for(agent)
     assert rollout.kls.abs().max() <= 1e-6  # policy == π0: full KL is 0
     torch.testing.assert_close(rollout.logprobs, rollout.ref_logprobs, atol=1e-6, rtol=0)
-    stats = agent.learn(rollout, SCORES)
+    stats = agent.learner.update(Batch(rollout, SCORES)).stats
     assert abs(stats["kl"]) <= 1e-6
     after = rollout_for(agent)  # the same tokens, re-scored
     kl_seq = (after.kls * after.response_mask).sum(-1)
@@ -237,9 +239,11 @@ def test_kl_is_zero_at_step_zero_and_positive_after_learning():
 # ------------------------------------------------------------------------------------------------------- (e)
 def _adam_zero_grad_replay(agent: Agent, n_steps: int) -> list[torch.Tensor]:
     """What Adam does with zero gradients for `n_steps`, starting from the agent's current state."""
-    params = [p.detach().clone().requires_grad_(True) for p in agent.optimizer.param_groups[0]["params"]]
-    opt = torch.optim.Adam(params, lr=agent.config.learning_rate)
-    opt.load_state_dict(copy.deepcopy(agent.optimizer.state_dict()))
+    params = [
+        p.detach().clone().requires_grad_(True) for p in agent.trainee.engine.optimizer.param_groups[0]["params"]
+    ]
+    opt = torch.optim.Adam(params, lr=agent.learner.config.learning_rate)
+    opt.load_state_dict(copy.deepcopy(agent.trainee.engine.optimizer.state_dict()))
     for _ in range(n_steps):
         for p in params:
             p.grad = torch.zeros_like(p)
@@ -250,28 +254,28 @@ def _adam_zero_grad_replay(agent: Agent, n_steps: int) -> list[torch.Tensor]:
 def test_ratio_threshold_hit_zeroes_loss_but_adam_momentum_still_moves_weights():
     agent = make_agent()
     rollout = rollout_for(agent)
-    agent.learn(rollout, SCORES)  # 1st call, normal threshold: builds Adam momentum
-    agent.config = dataclasses.replace(agent.config, ratio_threshold=1e-9, ratio_threshold_skip=False)
+    agent.learner.update(Batch(rollout, SCORES))  # 1st call, normal threshold: builds Adam momentum
+    agent.learner.config = dataclasses.replace(agent.learner.config, ratio_threshold=1e-9, ratio_threshold_skip=False)
     expected = _adam_zero_grad_replay(agent, n_steps=4)  # 2 epochs × 2 backward batches
-    before = snapshot(agent.policy)
-    stats = agent.learn(rollout_for(agent, seed=1), SCORES)
+    before = snapshot(agent.trainee.policy)
+    stats = agent.learner.update(Batch(rollout_for(agent, seed=1), SCORES)).stats
     assert stats["ratio_threshold_hits"] == 4.0  # every minibatch hit
-    assert changed(before, agent.policy), "momentum should still move the weights"
+    assert changed(before, agent.trainee.policy), "momentum should still move the weights"
     # and they moved exactly as Adam on zero gradients: the loss really was multiplied by 0
-    for p, e in zip(agent.optimizer.param_groups[0]["params"], expected):
+    for p, e in zip(agent.trainee.engine.optimizer.param_groups[0]["params"], expected):
         torch.testing.assert_close(p.detach(), e.detach(), atol=1e-7, rtol=1e-6)
 
 
 def test_ratio_threshold_skip_leaves_weights_and_optimizer_untouched():
     agent = make_agent()
-    agent.learn(rollout_for(agent), SCORES)
-    agent.config = dataclasses.replace(agent.config, ratio_threshold=1e-9, ratio_threshold_skip=True)
-    before = snapshot(agent.policy)
-    steps_before = [s["step"].clone() for s in agent.optimizer.state.values()]
-    stats = agent.learn(rollout_for(agent, seed=1), SCORES)
+    agent.learner.update(Batch(rollout_for(agent), SCORES))
+    agent.learner.config = dataclasses.replace(agent.learner.config, ratio_threshold=1e-9, ratio_threshold_skip=True)
+    before = snapshot(agent.trainee.policy)
+    steps_before = [s["step"].clone() for s in agent.trainee.engine.optimizer.state.values()]
+    stats = agent.learner.update(Batch(rollout_for(agent, seed=1), SCORES)).stats
     assert stats["ratio_threshold_hits"] == 4.0
-    assert changed(before, agent.policy) == []
-    assert [s["step"] for s in agent.optimizer.state.values()] == steps_before
+    assert changed(before, agent.trainee.policy) == []
+    assert [s["step"] for s in agent.trainee.engine.optimizer.state.values()] == steps_before
 
 
 # ------------------------------------------------------------------------------------------------------- (f)
@@ -287,10 +291,10 @@ def _is_pickle_or_torch_zip(path: Path) -> bool:
 def test_save_load_round_trip(tmp_path: Path):
     cfg = dataclasses.replace(CFG, use_score_scaling=True, use_score_norm=True)
     a = make_agent(cfg, seed=0)
-    a.learn(rollout_for(a), SCORES)
+    a.learner.update(Batch(rollout_for(a), SCORES))
     a.save(tmp_path)
     # b starts from different weights, value head, seed and model seed: everything must come from the folder
-    b = make_agent(cfg, seed=123, model_seed=1, ref=a.ref_model)
+    b = make_agent(cfg, seed=123, model_seed=1, ref=a.actor.reference)
     b.load(tmp_path)
 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["agent.json", "optimizer.pt", "policy.safetensors"]
@@ -304,56 +308,56 @@ def test_save_load_round_trip(tmp_path: Path):
             assert not _is_pickle_or_torch_zip(path), path
     torch.load(tmp_path / "optimizer.pt", weights_only=True)
 
-    sa, sb = a.policy.state_dict(), b.policy.state_dict()
+    sa, sb = a.trainee.policy.state_dict(), b.trainee.policy.state_dict()
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
-    oa, ob = a.optimizer.state_dict(), b.optimizer.state_dict()
+    oa, ob = a.trainee.engine.optimizer.state_dict(), b.trainee.engine.optimizer.state_dict()
     assert oa["param_groups"] == ob["param_groups"]
     assert oa["state"].keys() == ob["state"].keys()
     for k in oa["state"]:
         for name in oa["state"][k]:
             assert torch.equal(oa["state"][k][name], ob["state"][k][name]), (k, name)
-    assert b.kl_ctl.value == a.kl_ctl.value != cfg.init_kl_coef
-    assert b.score_moments == a.score_moments
-    ra, rb = a.rng.get_state(), b.rng.get_state()
+    assert b.learner.kl_ctl.value == a.learner.kl_ctl.value != cfg.init_kl_coef
+    assert b.learner.score_moments == a.learner.score_moments
+    ra, rb = a.trainee.rng.get_state(), b.trainee.rng.get_state()
     assert ra[0] == rb[0] and np.array_equal(ra[1], rb[1]) and ra[2:] == rb[2:]
-    assert b.steps_since_load == a.steps_since_load
+    assert b.trainee.updates_since_load == a.trainee.updates_since_load
 
     # from here on the two agents are indistinguishable
     rollout = rollout_for(a, seed=2)
-    assert b.score_tokens(*token_lists(a.tokenizer.eos_token_id, 2)).logprobs.equal(rollout.logprobs)
-    stats_a, stats_b = a.learn(rollout, SCORES), b.learn(rollout, SCORES)
+    assert b.actor.score_tokens(*token_lists(a.actor.tokenizer.eos_token_id, 2)).logprobs.equal(rollout.logprobs)
+    stats_a, stats_b = a.learner.update(Batch(rollout, SCORES)).stats, b.learner.update(Batch(rollout, SCORES)).stats
     assert stats_a == stats_b
-    sa, sb = a.policy.state_dict(), b.policy.state_dict()
+    sa, sb = a.trainee.policy.state_dict(), b.trainee.policy.state_dict()
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
-    assert a.kl_ctl.value == b.kl_ctl.value
+    assert a.learner.kl_ctl.value == b.learner.kl_ctl.value
 
 
 # ------------------------------------------------------------------------------------------------------- (g)
 def test_learn_stats_and_adaptive_kl_update():
     agent = make_agent()
     rollout = rollout_for(agent)
-    stats = agent.learn(rollout, SCORES)
+    stats = agent.learner.update(Batch(rollout, SCORES)).stats
     for key in ("policy_loss", "value_loss", "clipfrac", "approx_kl", "entropy", "kl", "kl_coef"):
         assert key in stats, key
     assert all(math.isfinite(v) for v in stats.values()), stats
     assert 0.0 <= stats["clipfrac"] <= 1.0 and stats["approx_kl"] >= 0.0
     # entropy is the full-vocabulary entropy of π_old, between 0 and log V
-    assert 0.0 < stats["entropy"] < math.log(agent.policy.pretrained_model.config.vocab_size)
+    assert 0.0 < stats["entropy"] < math.log(agent.trainee.policy.pretrained_model.config.vocab_size)
     # step 0: KL = 0 → e = clip(0/target − 1, ±0.2) = −0.2; n = B = 4: β_1 = β_0·(1 − 0.2·4/horizon)
     # (paper values β_0 = 0.3, horizon 10000: 0.3·0.99992 = 0.299976)
     beta0, target, horizon = CFG.init_kl_coef, CFG.kl_target, CFG.kl_horizon
     beta1 = beta0 * (1 - 0.2 * 4 / horizon)
     assert stats["kl_coef"] == beta0  # the β used for this batch, from before the update
-    assert agent.kl_ctl.value == pytest.approx(beta1, abs=1e-12)
+    assert agent.learner.kl_ctl.value == pytest.approx(beta1, abs=1e-12)
     # a second batch whose KL is > 0: the returned β is β_1 and the update follows the measured KL
     rollout2 = rollout_for(agent, seed=1)
-    stats2 = agent.learn(rollout2, SCORES)
+    stats2 = agent.learner.update(Batch(rollout2, SCORES)).stats
     assert stats2["kl_coef"] == pytest.approx(beta1, abs=1e-12)
     mask = rollout2.response_mask.float()
     assert stats2["kl"] == pytest.approx((rollout2.kls * mask).sum(-1).mean().item(), abs=1e-6)
     assert stats2["kl"] > 0
     e = float(np.clip(stats2["kl"] / target - 1.0, -0.2, 0.2))
-    assert agent.kl_ctl.value == pytest.approx(beta1 * (1 + e * 4 / horizon), abs=1e-12)
+    assert agent.learner.kl_ctl.value == pytest.approx(beta1 * (1 + e * 4 / horizon), abs=1e-12)
     # the non-score reward of this batch used the β from before the update, too
     expected = ppo_core.masked_mean(-beta1 * rollout2.kls, mask).item()
     assert stats2["mean_non_score_reward"] == pytest.approx(expected, abs=1e-7)
@@ -362,26 +366,28 @@ def test_learn_stats_and_adaptive_kl_update():
 def test_fixed_kl_coef_does_not_move():
     agent = make_agent(dataclasses.replace(CFG, adaptive_kl=False, init_kl_coef=0.05))
     for seed in range(2):
-        stats = agent.learn(rollout_for(agent, seed=seed), SCORES)
+        stats = agent.learner.update(Batch(rollout_for(agent, seed=seed), SCORES)).stats
         assert stats["kl_coef"] == 0.05
-    assert agent.kl_ctl.value == 0.05
+    assert agent.learner.kl_ctl.value == 0.05
 
 
 # ------------------------------------------------------------------------------------------------------- (h)
 def test_learn_reports_the_scaled_score_it_used_and_early_stopping():
     """R̃ is logged as used: R/σ with σ the unbiased std of all scores so far (docs/method.md §2.3); early stopping
     is logged when it cuts the epochs (§2.7)."""
-    plain = make_agent().learn(rollout_for(make_agent()), SCORES)
+    plain = make_agent().learner.update(Batch(rollout_for(make_agent()), SCORES)).stats
     assert plain["scaled_score"] == pytest.approx(SCORES.mean().item()) and plain["early_stopped"] == 0.0
     agent = make_agent(dataclasses.replace(CFG, use_score_scaling=True))
-    stats = agent.learn(rollout_for(agent), SCORES)
+    stats = agent.learner.update(Batch(rollout_for(agent), SCORES)).stats
     expected = SCORES.mean().item() / np.std(SCORES.numpy(), ddof=1)
     assert stats["scaled_score"] == pytest.approx(expected, rel=1e-6)
     # a threshold every policy KL exceeds: the test fires after the first epoch, which ends the update
     agent = make_agent(dataclasses.replace(CFG, early_stopping=True, target_kl=-1.0, ppo_epochs=3))
-    stats = agent.learn(rollout_for(agent), SCORES)
+    stats = agent.learner.update(Batch(rollout_for(agent), SCORES)).stats
     assert stats["early_stopped"] == 1.0
-    assert {float(s["step"]) for s in agent.optimizer.state.values()} == {2.0}  # one epoch of 2 steps, not 3 epochs
+    assert {float(s["step"]) for s in agent.trainee.engine.optimizer.state.values()} == {
+        2.0
+    }  # one epoch of 2 steps, not 3 epochs
 
 
 def test_early_stopping_reads_the_policy_kl_averaged_over_processes(monkeypatch):
@@ -390,14 +396,14 @@ def test_early_stopping_reads_the_policy_kl_averaged_over_processes(monkeypatch)
     from cory import distributed
 
     cfg = dataclasses.replace(CFG, early_stopping=True, target_kl=100.0, ppo_epochs=3)
-    local = make_agent(cfg).learn(rollout_for(make_agent(cfg)), SCORES)
+    local = make_agent(cfg).learner.update(Batch(rollout_for(make_agent(cfg)), SCORES)).stats
     assert local["early_stopped"] == 0.0  # its own policy KL is under 1.5 × target_kl: no stop
     seen = []
     monkeypatch.setattr(distributed, "mean", lambda v: seen.append(v) or 1e3)  # the other processes drifted far
     agent = make_agent(cfg)
-    stats = agent.learn(rollout_for(agent), SCORES)
+    stats = agent.learner.update(Batch(rollout_for(agent), SCORES)).stats
     assert stats["early_stopped"] == 1.0 and seen[0] < 150  # stopped on the mean, not on its own KL
-    assert {float(s["step"]) for s in agent.optimizer.state.values()} == {2.0}  # after the first epoch
+    assert {float(s["step"]) for s in agent.trainee.engine.optimizer.state.values()} == {2.0}  # after the first epoch
 
 
 @pytest.mark.parametrize("precision", ["paper preset", "bf16"])
@@ -419,13 +425,13 @@ def test_paper_presets_score_in_fp32_on_the_tiny_model(precision: str):
     backbone = Backbone(model, tokenizer, lora=None, add_special_tokens=False, device="cpu")
     agent = agent_from(cfg, backbone, ref)
     prompts, responses = token_lists(tokenizer.eos_token_id)
-    rollout = agent.score_tokens(prompts, responses)
+    rollout = agent.actor.score_tokens(prompts, responses)
     worst = 0.0
     for i, (p, r) in enumerate(zip(prompts, responses)):
         exact = _single_forward(agent, p, r)  # fp32, no autocast
         got = (rollout.logprobs[i], rollout.ref_logprobs[i], rollout.values[i], rollout.kls[i])
         worst = max(worst, *((g[: len(r)] - e).abs().max().item() for g, e in zip(got, exact)))
     if precision == "bf16":
-        assert agent.autocast_dtype == torch.bfloat16 and worst > 1e-2
+        assert agent.trainee.autocast_dtype == torch.bfloat16 and worst > 1e-2
     else:
-        assert agent.autocast_dtype is None and worst < 1e-5
+        assert agent.trainee.autocast_dtype is None and worst < 1e-5

@@ -15,35 +15,36 @@ import torch
 from helpers.compose import compose_cfg
 from helpers.cory_setup import QUERIES, make_cory
 
-from cory.algorithms.cory import CORY
+from cory.algorithms.team import Team
+from cory.ppo.actor import Actor
 from cory.ppo.core import RunningMoments
-from cory.ppo.learner import Agent
+from cory.ppo.learner import Agent, PPOLearner, Update
 from cory.tasks.toy import ToyTask
 from cory.train import train
 
 
 @pytest.fixture
 def calls(monkeypatch):
-    """Records every `Agent.act` (agent, prompts, rollout) and `Agent.learn` (agent, scores) in call order."""
+    """Records every `Actor.act` (agent, prompts, rollout) and `PPOLearner.update` (agent, scores) in call order."""
     log = SimpleNamespace(act=[], learn=[])
-    act, learn = Agent.act, Agent.learn
+    act, update = Actor.act, PPOLearner.update
 
     def act_spy(self, prompts, *args, **kwargs):
         rollout = act(self, prompts, *args, **kwargs)
-        log.act.append((self.name, list(prompts), rollout))
+        log.act.append((self.trainee.name, list(prompts), rollout))
         return rollout
 
-    def learn_spy(self, rollout, scores):
-        log.learn.append((self.name, scores.clone()))
-        return learn(self, rollout, scores)
+    def update_spy(self, batch):
+        log.learn.append((self.trainee.name, batch.scores.clone()))
+        return update(self, batch)
 
-    monkeypatch.setattr(Agent, "act", act_spy)
-    monkeypatch.setattr(Agent, "learn", learn_spy)
+    monkeypatch.setattr(Actor, "act", act_spy)
+    monkeypatch.setattr(PPOLearner, "update", update_spy)
     return log
 
 
 def params(agent: Agent) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in agent.policy.state_dict().items()}
+    return {k: v.detach().clone() for k, v in agent.trainee.policy.state_dict().items()}
 
 
 def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
@@ -54,24 +55,28 @@ def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 def test_agents_start_identical_but_share_nothing():
     cory = make_cory()
     a, b = cory.agents["llm1"], cory.agents["llm2"]
-    assert any(k.startswith("v_head") for k in a.policy.state_dict())
+    assert any(k.startswith("v_head") for k in a.trainee.policy.state_dict())
     assert same(params(a), params(b))  # same initial weights, value head included
-    assert a.policy is not b.policy and a.optimizer is not b.optimizer and a.kl_ctl is not b.kl_ctl
-    assert a.score_moments is not b.score_moments
-    ptrs = {p.data_ptr() for p in a.policy.parameters()}
-    assert not ptrs & {p.data_ptr() for p in b.policy.parameters()}
-    assert {id(p) for g in a.optimizer.param_groups for p in g["params"]} == {id(p) for p in a.policy.parameters()}
+    assert a.trainee.policy is not b.trainee.policy and a.trainee.engine is not b.trainee.engine
+    assert a.learner.kl_ctl is not b.learner.kl_ctl and a.learner.score_moments is not b.learner.score_moments
+    assert a.trainee.rng is not b.trainee.rng
+    ptrs = {p.data_ptr() for p in a.trainee.policy.parameters()}
+    assert not ptrs & {p.data_ptr() for p in b.trainee.policy.parameters()}
+    optimizer = a.trainee.engine.optimizer
+    assert {id(p) for g in optimizer.param_groups for p in g["params"]} == {
+        id(p) for p in a.trainee.policy.parameters()
+    }
 
 
 def test_reference_is_one_shared_frozen_model():
     cory = make_cory()
     a, b = cory.agents["llm1"], cory.agents["llm2"]
-    ref = a.ref_model
-    assert b.ref_model is ref
+    ref = a.actor.reference
+    assert b.actor.reference is ref
     assert all(not p.requires_grad for p in ref.parameters())
     ref_ptrs = {p.data_ptr() for p in ref.parameters()}
     for agent in (a, b):
-        assert not ref_ptrs & {p.data_ptr() for p in agent.policy.parameters()}
+        assert not ref_ptrs & {p.data_ptr() for p in agent.trainee.policy.parameters()}
     before, policy_before = {k: v.clone() for k, v in ref.state_dict().items()}, params(a)
     for k in range(2):
         cory.step(k)
@@ -82,7 +87,7 @@ def test_reference_is_one_shared_frozen_model():
 # ---------------------------------------------------------------------------------------- knowledge transfer
 @pytest.mark.parametrize("knowledge_transfer", [True, False])
 def test_observer_prompt(calls, knowledge_transfer):
-    cory = make_cory(knowledge_transfer=knowledge_transfer)
+    cory = make_cory((f"algorithm.episode.knowledge_transfer={str(knowledge_transfer).lower()}",))
     out = cory.step(0)
     (pio_name, pio_prompts, pio), (obs_name, obs_prompts, obs) = calls.act
     assert (pio_name, obs_name) == ("llm1", "llm2")
@@ -93,7 +98,7 @@ def test_observer_prompt(calls, knowledge_transfer):
         assert obs_prompts == pio_prompts
     assert [row["observer_prompt"] for row in out.samples] == obs_prompts
     # the cost metric counts what each agent's forwards process: its own prompt plus its response
-    tok = cory.agents["llm1"].tokenizer
+    tok = cory.agents["llm1"].actor.tokenizer
     for name, prompts, rollout in calls.act:
         n_prompt = sum(len(tok(p, add_special_tokens=False)["input_ids"]) for p in prompts)
         assert out.metrics[f"train/{name}/tokens"] == n_prompt + rollout.response_mask.sum().item()
@@ -116,10 +121,12 @@ def test_both_agents_get_the_same_collective_reward(calls):
 
 
 class StubAgent:
-    """Acts instantly with fixed responses; records the scores it learns from."""
+    """Acts instantly with fixed responses; records the scores it learns from. It is its own actor and learner."""
 
     def __init__(self, name: str) -> None:
         self.name, self.learned = name, []
+        self.actor = self.learner = self
+        self.kl_coef = 0.3
 
     def act(self, prompts, max_new_tokens, generation_kwargs, batch_size):
         n = len(prompts)
@@ -132,9 +139,9 @@ class StubAgent:
             hit_max_tokens=torch.zeros(n, dtype=torch.bool),
         )
 
-    def learn(self, rollout, scores):
-        self.learned.append(scores.clone())
-        return {"kl_coef": 0.3}
+    def update(self, batch):
+        self.learned.append(batch.scores.clone())
+        return Update({"kl_coef": 0.3}, None, 0.3)
 
     def context_length(self) -> None:
         return None
@@ -155,17 +162,20 @@ class StubLearner:
     def check_batch(self, batch_size: int) -> None:
         pass
 
+    def describe(self) -> dict:
+        return {"kl_coef": self.init_kl_coef}
+
     def build(self, name: str, *args, **kwargs) -> StubAgent:
         return StubAgent(name)
 
 
-def stub_cory(**kwargs) -> CORY:
-    return make_cory(task_cls=StubTask, learner=StubLearner(), **kwargs)
+def stub_cory(*overrides: str) -> Team:
+    return make_cory(overrides, task_cls=StubTask, learner=StubLearner())
 
 
 @pytest.mark.parametrize("w_other, pioneer, observer", [(1.0, 1.25, 1.25), (-1.0, -0.75, 0.75), (0.0, 0.25, 1.0)])
 def test_collective_reward_weights(w_other, pioneer, observer):
-    cory = stub_cory(w_self=1.0, w_other=w_other)
+    cory = stub_cory("algorithm.credit.w_self=1.0", f"algorithm.credit.w_other={w_other}")
     cory.step(0)
     assert torch.equal(cory.agents["llm1"].learned[0], torch.full((4,), pioneer))
     assert torch.equal(cory.agents["llm2"].learned[0], torch.full((4,), observer))
@@ -174,15 +184,15 @@ def test_collective_reward_weights(w_other, pioneer, observer):
 # ---------------------------------------------------------------------------------------- role exchange
 @pytest.mark.parametrize("role_exchange", [True, False])
 def test_role_schedule_period_5(role_exchange):
-    cory = stub_cory(swap_period=5, role_exchange=role_exchange)
-    roles = [cory.step(k).metrics["cory/llm1_role"] for k in range(20)]
+    cory = stub_cory("algorithm.schedule.period=5" if role_exchange else "algorithm/schedule=simultaneous")
+    out = [cory.step(k).metrics for k in range(20)]
     expected = [0.0] * 5 + [1.0] * 5 + [0.0] * 5 + [1.0] * 5 if role_exchange else [0.0] * 20
-    assert roles == expected
-    assert cory.swaps == (4 if role_exchange else 0)
+    assert [m["cory/llm1_role"] for m in out] == expected
+    assert [m["cory/swaps"] for m in out] == ([float(k // 5) for k in range(20)] if role_exchange else [0.0] * 20)
 
 
 def test_role_swap_with_real_agents(calls):
-    cory = make_cory(swap_period=2)
+    cory = make_cory(("algorithm.schedule.period=2",))
     roles = [cory.step(k).metrics["cory/llm1_role"] for k in range(3)]
     assert roles == [0.0, 0.0, 1.0]
     assert [name for name, *_ in calls.act] == ["llm1", "llm2", "llm1", "llm2", "llm2", "llm1"]  # pioneer first
@@ -190,51 +200,55 @@ def test_role_swap_with_real_agents(calls):
 
 
 def adam_snapshot(agent: Agent) -> dict[int, dict]:
-    return {id(p): {k: (id(v), v.clone()) for k, v in s.items()} for p, s in agent.optimizer.state.items()}
+    state = agent.trainee.engine.optimizer.state
+    return {id(p): {k: (id(v), v.clone()) for k, v in s.items()} for p, s in state.items()}
 
 
 @pytest.mark.parametrize("faithful", [False, True])
 def test_swap_keeps_or_resets_training_state(monkeypatch, faithful):
-    cory = make_cory(("algorithm.agent.use_score_scaling=true",), swap_period=1, faithful_official_swap=faithful)
+    overrides = ("algorithm.agent.use_score_scaling=true", "algorithm.schedule.period=1")
+    cory = make_cory((*overrides, f"algorithm.schedule.faithful_official_swap={str(faithful).lower()}"))
     agents = list(cory.agents.values())
     before = {}
-    learn = Agent.learn
+    update = PPOLearner.update
 
-    def learn_then_snapshot(self, rollout, scores):  # the state right before the swap at the end of `step`
-        stats = learn(self, rollout, scores)
-        before[self.name] = (
-            adam_snapshot(self),
-            params(self),
+    def update_then_snapshot(self, batch):  # the state right before the swap at the end of `step`
+        out = update(self, batch)
+        agent = cory.agents[self.trainee.name]
+        before[agent.name] = (
+            adam_snapshot(agent),
+            params(agent),
             self.kl_ctl.value,
             RunningMoments(**vars(self.score_moments)),
-            self.optimizer,
+            self.trainee.engine.optimizer,
         )
-        return stats
+        return out
 
-    monkeypatch.setattr(Agent, "learn", learn_then_snapshot)
+    monkeypatch.setattr(PPOLearner, "update", update_then_snapshot)
     cory.step(0)
-    assert cory.roles == {"pioneer": "llm2", "observer": "llm1"}
+    assert cory.roles(1) == {"pioneer": "llm2", "observer": "llm1"}  # roles exchanged after iteration 0
     assert cory.team.schedule.reseed_at == (1 if faithful else 0)  # the official swap restarts the length draws
     for agent in agents:
         adam, weights, kl_coef, moments, optimizer = before[agent.name]
-        init = agent.config.init_kl_coef
-        assert len(adam) == len(list(agent.policy.parameters())) and kl_coef != init and moments.count >= 4
+        learner, trainee = agent.learner, agent.trainee
+        init = learner.config.init_kl_coef
+        assert len(adam) == len(list(trainee.policy.parameters())) and kl_coef != init and moments.count >= 4
         assert same(weights, params(agent))  # the swap itself moves no weights
         # whatever happened, the optimiser steps exactly this agent's own parameters
-        assert [id(p) for g in agent.optimizer.param_groups for p in g["params"]] == [
-            id(p) for p in agent.policy.parameters()
+        assert [id(p) for g in trainee.engine.optimizer.param_groups for p in g["params"]] == [
+            id(p) for p in trainee.policy.parameters()
         ]
         if faithful:  # the official disk swap: fresh Adam, KL controller, score moments, reloaded model
-            assert agent.optimizer is not optimizer and len(agent.optimizer.state) == 0
-            assert agent.kl_ctl.value == init and agent.score_moments == RunningMoments()
-            assert agent.steps_since_load == 0
+            assert trainee.engine.optimizer is not optimizer and len(trainee.engine.optimizer.state) == 0
+            assert learner.kl_coef == init and learner.score_moments == RunningMoments()
+            assert trainee.updates_since_load == 0
         else:  # the role-map swap: everything stays with its agent, the Adam tensors are the very same
-            assert agent.optimizer is optimizer and adam_snapshot(agent).keys() == adam.keys()
+            assert trainee.engine.optimizer is optimizer and adam_snapshot(agent).keys() == adam.keys()
             for pid, state in adam_snapshot(agent).items():
                 for k, (tid, value) in state.items():
                     assert tid == adam[pid][k][0] and torch.equal(value, adam[pid][k][1])
-            assert agent.kl_ctl.value == kl_coef and agent.score_moments == moments
-            assert agent.steps_since_load == 1
+            assert learner.kl_coef == kl_coef and learner.score_moments == moments
+            assert trainee.updates_since_load == 1
     # the next update continues (or restarts) Adam's step count: 2 epochs × 1 backward batch per update
     cory.step(1)
     steps = {float(s["step"][1]) for name in cory.agents for s in before[name][0].values()}
@@ -253,7 +267,7 @@ def test_train_cory_end_to_end(tmp_path):
             "num_eval=4",
             "eval_every=0",
             "save_every=0",
-            "algorithm.swap_period=1",
+            "algorithm.schedule.period=1",
             f"cache_dir={tmp_path / 'cache'}",
         ]
     )

@@ -17,17 +17,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from cory.algorithms.cory_cc import CORYCC
+from cory.ppo.central_critic import joint_batch
+from cory.ppo.critic_free import CriticFreeConfig
 from helpers.compose import compose_cfg
 from helpers.cory_setup import MAX_NEW, QUERIES
 from helpers.from_config import node_kwargs, task_kwargs
 from helpers.runners import assert_same_rows, read_rows, resume_run, start_run
 from hydra.utils import instantiate
 
-from cory.algorithms.cory_cc import CORYCC
 from cory.build import build_context
 from cory.errors import ConfigError
-from cory.ppo.central_critic import joint_batch
-from cory.ppo.critic_free import CriticFreeConfig
 from cory.ppo.rollout import Rollout, pad
 from cory.tasks.toy import ToyTask
 
@@ -103,7 +103,7 @@ def test_the_critic_reads_both_responses_causally():
 
 
 def test_critic_learns_the_collective_return_and_actors_keep_their_value_heads(monkeypatch):
-    algorithm = make_cc("algorithm.agent.lam=1.0", "algorithm.agent.gamma=1.0")
+    algorithm = make_cc("algorithm.advantage.lam=1.0", "algorithm.advantage.gamma=1.0")
     agents, critic = algorithm.team.agents, algorithm.critic
 
     def state(module):

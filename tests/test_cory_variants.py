@@ -17,12 +17,6 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from helpers.compose import compose_cfg
-from helpers.from_config import node_kwargs, task_kwargs
-from helpers.runners import assert_same_rows, read_rows, resume_run, start_run
-from hydra.utils import instantiate
-
-import cory.ppo.metrics
 from cory.algorithms.cory import CORY, CORY_METRICS
 from cory.algorithms.cory_variants import (
     VARIANT_METRICS,
@@ -32,6 +26,12 @@ from cory.algorithms.cory_variants import (
     concat_rollouts,
     cory_variant,
 )
+from helpers.compose import compose_cfg
+from helpers.from_config import node_kwargs, task_kwargs
+from helpers.runners import assert_same_rows, read_rows, resume_run, start_run
+from hydra.utils import instantiate
+
+import cory.ppo.metrics
 from cory.build import build_context
 from cory.errors import ConfigError
 from cory.metrics import RUN_METRICS, is_known_metric, markdown_table
@@ -182,7 +182,7 @@ def test_lora_per_role_with_a_centralised_critic_puts_three_adapters_on_one_base
 def test_one_shared_policy_refuses_a_centralised_critic_in_one_line():
     with pytest.raises(ConfigError) as err:
         make_variant("cory_shared", critic="centralized")
-    assert str(err.value).startswith("algorithm.critic=centralized: one shared policy") and "\n" not in str(err.value)
+    assert str(err.value).startswith("algorithm/critic=centralized: one shared policy") and "\n" not in str(err.value)
 
 
 class StubAgent:
@@ -368,7 +368,7 @@ def test_one_lora_adapter_per_role_stays_in_its_role():
 def test_lora_per_role_refuses_full_fine_tuning_or_separate_bases_in_one_line(overrides, message):
     with pytest.raises(ConfigError) as err:
         make_variant("cory_lora_roles", *overrides)
-    assert str(err.value).startswith("algorithm.policy_sharing=lora_per_role ") and message in str(err.value)
+    assert str(err.value).startswith("algorithm/layout=lora_per_role ") and message in str(err.value)
     assert "\n" not in str(err.value)
 
 
@@ -376,14 +376,14 @@ def test_lora_per_role_refuses_full_fine_tuning_or_separate_bases_in_one_line(ov
     ("switches", "key"),
     [
         (dict(schedule="sequential"), "algorithm.schedule="),
-        (dict(policy_sharing="tied"), "algorithm.policy_sharing="),
-        (dict(interleave_period=0), "algorithm.interleave_period=0"),
-        (dict(role_exchange=True), "algorithm.role_exchange=true contradicts algorithm.schedule=interleaved"),
-        (dict(faithful_official_swap=True), "algorithm.faithful_official_swap=true"),
-        (dict(policy_sharing="shared"), "algorithm.policy_sharing=shared has one policy"),
+        (dict(policy_sharing="tied"), "algorithm/layout="),
+        (dict(interleave_period=0), "algorithm.schedule.period=0"),
+        (dict(role_exchange=True), "algorithm.role_exchange=true contradicts algorithm/schedule=interleaved"),
+        (dict(faithful_official_swap=True), "algorithm.schedule.faithful_official_swap=true"),
+        (dict(policy_sharing="shared"), "algorithm/layout=shared has one policy"),
         (
             dict(schedule="role_swap", role_exchange=True, policy_sharing="lora_per_role"),
-            "algorithm.policy_sharing=lora_per_role keeps",
+            "algorithm/layout=lora_per_role keeps",
         ),
     ],
 )
@@ -409,9 +409,9 @@ def train_rows(run_dir: Path) -> list[dict]:
 @pytest.mark.parametrize(
     "overrides",
     [
-        ("algorithm=cory_interleaved", "algorithm.interleave_period=3"),  # turns flip after the checkpoint
+        ("algorithm=cory_interleaved", "algorithm.schedule.period=3"),  # turns flip after the checkpoint
         ("algorithm=cory_shared",),
-        ("algorithm=cory_interleaved", "algorithm.interleave_period=3", "algorithm.critic=centralized"),
+        ("algorithm=cory_interleaved", "algorithm.schedule.period=3", "algorithm/critic=centralized"),
     ],
     ids=["interleaved", "shared", "interleaved-centralised-critic"],
 )

@@ -21,6 +21,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from cory.ppo.critic_free import CriticFreeAgent, CriticFreeConfig
 from helpers.from_config import learner
 from helpers.runners import assert_same_rows, read_rows, resume_run, start_run
 
@@ -29,7 +30,6 @@ from cory.errors import ConfigError
 from cory.models import build_tiny_gpt2, make_reference
 from cory.ppo import core as ppo_core
 from cory.ppo.advantages import broadcast, group_advantages, sequence_returns, zero_spread_groups
-from cory.ppo.critic_free import CriticFreeAgent, CriticFreeConfig
 
 PPO_BLOCK = dataclasses.asdict(learner(learning_rate=1e-2, mini_batch_size=4, ppo_epochs=2))
 

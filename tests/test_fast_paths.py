@@ -24,7 +24,7 @@ from helpers.from_config import learner
 from cory import runtime
 from cory.models import build_tiny_gpt2, build_tiny_llama, make_reference
 from cory.policy import Backbone, LoraSettings
-from cory.ppo.learner import Agent
+from cory.ppo.learner import Agent, Batch, agent_on
 
 CFG = learner(learning_rate=1e-3, mini_batch_size=2, ppo_epochs=2)
 SCORES = torch.tensor([1.0, -0.5, 2.0, 0.0])
@@ -32,7 +32,7 @@ SCORES = torch.tensor([1.0, -0.5, 2.0, 0.0])
 
 def make_agent(seed: int = 0) -> Agent:
     model, tokenizer = build_tiny_gpt2(seed=0)
-    return Agent("llm1", model, make_reference(model), tokenizer, CFG, seed=seed)
+    return agent_on("llm1", model, make_reference(model), tokenizer, CFG, seed=seed)
 
 
 def tokens(seed: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -43,7 +43,7 @@ def tokens(seed: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
 
 
 def weights(agent: Agent) -> list[torch.Tensor]:
-    return [p.detach().clone() for p in agent.trainable_parameters()]
+    return [p.detach().clone() for p in agent.trainee.trainable_parameters()]
 
 
 # ---------------------------------------------------------------------------------------------- all_finite
@@ -73,15 +73,20 @@ def test_all_finite_passes_every_finite_tensor():
 # ----------------------------------------------------------------------------------------------- fused Adam
 def test_fused_adam_stays_within_rounding_of_the_default_adam():
     fused, default = make_agent(), make_agent()
-    default.engine.optimizer = torch.optim.Adam(default.trainable_parameters(), lr=CFG.learning_rate, foreach=False)
-    assert fused.optimizer.param_groups[0]["fused"] and not default.optimizer.param_groups[0]["fused"]
+    default.trainee.engine.optimizer = torch.optim.Adam(
+        default.trainee.trainable_parameters(), lr=CFG.learning_rate, foreach=False
+    )
+    assert (
+        fused.trainee.engine.optimizer.param_groups[0]["fused"]
+        and not default.trainee.engine.optimizer.param_groups[0]["fused"]
+    )
     start = weights(fused)
     for seed in range(3):  # 3 learn calls × 4 optimiser steps, each on the agents' own (near-equal) rollouts
-        fused.learn(fused.score_tokens(*tokens(seed)), SCORES)
-        default.learn(default.score_tokens(*tokens(seed)), SCORES)
+        fused.learner.update(Batch(fused.actor.score_tokens(*tokens(seed)), SCORES))
+        default.learner.update(Batch(default.actor.score_tokens(*tokens(seed)), SCORES))
     moved = max((a - b).abs().max().item() for a, b in zip(weights(fused), start))
     assert moved > 1e-3  # 12 steps at lr 1e-3 really moved the weights
-    for (name, _), a, b in zip(fused.policy.named_parameters(), weights(fused), weights(default)):
+    for (name, _), a, b in zip(fused.trainee.policy.named_parameters(), weights(fused), weights(default)):
         # the attention key bias has an analytically zero gradient (softmax ignores a constant per query row), so
         # Adam turns its float noise into steps of up to ~lr: both kernels agree there to 1e-4 (lr/10), elsewhere
         # to float32 rounding (1e-7 absolute, 1e-6 relative: a ten-thousandth of one step)
@@ -92,7 +97,7 @@ def test_fused_adam_stays_within_rounding_of_the_default_adam():
 @pytest.mark.parametrize("saved_kernel", ["fused", "unfused (an older checkpoint)"])
 def test_a_checkpoint_resumes_on_the_fused_kernel_exactly(tmp_path, saved_kernel):
     a = make_agent()
-    a.learn(a.score_tokens(*tokens(0)), SCORES)
+    a.learner.update(Batch(a.actor.score_tokens(*tokens(0)), SCORES))
     a.save(tmp_path)
     if saved_kernel != "fused":  # what an unfused optimiser writes: the same tensors, `fused: None`
         state = torch.load(tmp_path / "optimizer.pt", weights_only=True)
@@ -101,27 +106,27 @@ def test_a_checkpoint_resumes_on_the_fused_kernel_exactly(tmp_path, saved_kernel
         torch.save(state, tmp_path / "optimizer.pt")
     b = make_agent(seed=5)
     b.load(tmp_path)
-    assert b.optimizer.param_groups[0]["fused"]
-    rollout = a.score_tokens(*tokens(1))
-    assert a.learn(rollout, SCORES) == b.learn(rollout, SCORES)
+    assert b.trainee.engine.optimizer.param_groups[0]["fused"]
+    rollout = a.actor.score_tokens(*tokens(1))
+    assert a.learner.update(Batch(rollout, SCORES)).stats == b.learner.update(Batch(rollout, SCORES)).stats
     assert all(torch.equal(x, y) for x, y in zip(weights(a), weights(b)))
 
 
 def test_a_reset_optimizer_is_fused_too():
     agent = make_agent()
-    agent.reset_training_state()  # the official swap's fresh Adam
-    assert agent.optimizer.param_groups[0]["fused"]
-    agent.config = dataclasses.replace(agent.config, learning_rate=2e-3)
-    agent.reset_training_state()
-    assert agent.optimizer.param_groups[0]["lr"] == 2e-3
+    agent.reset(reseed=False)  # the official swap's fresh Adam
+    assert agent.trainee.engine.optimizer.param_groups[0]["fused"]
+    agent.trainee.optimization = dataclasses.replace(agent.trainee.optimization, learning_rate=2e-3)
+    agent.reset(reseed=False)
+    assert agent.trainee.engine.optimizer.param_groups[0]["lr"] == 2e-3
 
 
 # ------------------------------------------------------------------------------------------------ LM head
 def _record_head_inputs(agent: Agent, seen: list[torch.Tensor]) -> list:
     """Hooks on the LM heads of the policy and of π0 (one module when LoRA shares the base)."""
-    heads = {agent.policy.pretrained_model.get_output_embeddings()}
-    if hasattr(agent.ref_model, "get_output_embeddings"):  # a frozen copy; the LoRA reference is the shared base
-        heads.add(agent.ref_model.get_output_embeddings())
+    heads = {agent.trainee.policy.pretrained_model.get_output_embeddings()}
+    if hasattr(agent.actor.reference, "get_output_embeddings"):  # a frozen copy; the LoRA reference is the shared base
+        heads.add(agent.actor.reference.get_output_embeddings())
     return [head.register_forward_pre_hook(lambda _module, args: seen.append(args[0])) for head in heads]
 
 
@@ -134,7 +139,7 @@ def _lora_agent() -> Agent:
         for name, p in policy.named_parameters():
             if "lora_B" in name:
                 p.normal_(0, 0.5)
-    return Agent("llm1", policy, backbone.reference(), tokenizer, CFG, seed=0)
+    return agent_on("llm1", policy, backbone.reference(), tokenizer, CFG, seed=0)
 
 
 def _gpt2_agent() -> Agent:
@@ -143,21 +148,21 @@ def _gpt2_agent() -> Agent:
 
 def _llama_agent() -> Agent:
     model, tokenizer = build_tiny_llama()
-    return Agent("llm1", model, make_reference(model), tokenizer, CFG, seed=0)
+    return agent_on("llm1", model, make_reference(model), tokenizer, CFG, seed=0)
 
 
 @pytest.mark.parametrize("build", [_gpt2_agent, _llama_agent, _lora_agent], ids=["gpt2", "llama", "lora"])
 def test_lm_heads_get_contiguous_response_columns_and_the_value_head_the_same_states(build):
     agent = build()
-    base = agent.policy.pretrained_model
-    rollout = agent.score_tokens(*tokens(0))
+    base = agent.trainee.policy.pretrained_model
+    rollout = agent.actor.score_tokens(*tokens(0))
     # the values are the value head on exactly the hidden states the LM head reads (after the final norm)
     p_ids, r_ids = rollout.prompt_ids, rollout.response_ids
     mask = torch.cat([rollout.prompt_mask, rollout.response_mask], 1)
     head_input: list[torch.Tensor] = []
     handles = _record_head_inputs(agent, head_input)
     with torch.no_grad():
-        agent.policy.activate()
+        agent.trainee.policy.activate()
         hidden = base(
             input_ids=torch.cat([p_ids, r_ids], 1),
             attention_mask=mask,
@@ -169,7 +174,7 @@ def test_lm_heads_get_contiguous_response_columns_and_the_value_head_the_same_st
         handle.remove()
     assert torch.equal(hidden, head_input[0])
     with torch.no_grad():
-        expected = agent.policy.v_head(hidden[:, p_ids.shape[1] - 1 : -1])
+        expected = agent.trainee.policy.v_head(hidden[:, p_ids.shape[1] - 1 : -1])
     assert rollout.values.abs().min() > 0
     torch.testing.assert_close(rollout.values, expected, atol=1e-6, rtol=0)
     # every LM head call, rollout (policy, π0) and learning (2 epochs × 2 minibatches), gets a contiguous input
@@ -177,7 +182,7 @@ def test_lm_heads_get_contiguous_response_columns_and_the_value_head_the_same_st
     seen: list[torch.Tensor] = []
     handles = _record_head_inputs(agent, seen)
     try:
-        agent.learn(agent.score_tokens(*tokens(1)), SCORES)
+        agent.learner.update(Batch(agent.actor.score_tokens(*tokens(1)), SCORES))
     finally:
         for handle in handles:
             handle.remove()

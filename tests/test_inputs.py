@@ -47,11 +47,11 @@ TYPED = {  # override → the one-line message starts with
     "algorithm.agent.learning_rate=fast": "algorithm.agent.learning_rate=fast: expected a number",
     "algorithm.agent.learning_rate=inf": "algorithm.agent.learning_rate=inf: must be a finite number",
     "algorithm.agent.init_kl_coef=nan": "algorithm.agent.init_kl_coef=nan: must be a finite number",
-    "algorithm.agent.gamma=1.5": "algorithm.agent.gamma=1.5: must be in [0, 1]",
-    "algorithm.agent.lam=-0.1": "algorithm.agent.lam=-0.1: must be in [0, 1]",
+    "algorithm.advantage.gamma=1.5": "algorithm.advantage.gamma=1.5: must be in [0, 1]",
+    "algorithm.advantage.lam=-0.1": "algorithm.advantage.lam=-0.1: must be in [0, 1]",
     "task.max_new_tokens=0": "task.max_new_tokens=0: expected [min, max], two integers",
     "task.max_new_tokens=[5,2]": "task.max_new_tokens=[5, 2]: need 1 <= min <= max",
-    "algorithm=cory algorithm.w_other=abc": "algorithm.w_other=abc: expected a number",
+    "algorithm=cory algorithm.credit.w_other=abc": "algorithm.credit.w_other=abc: expected a number",
     "hardware.device=tpu": "hardware.device=tpu: not a device; use cpu, cuda, cuda:<n> or auto",
     "task.observer_template='{query}{foo}'": "task.observer_template='{query}{foo}': unknown field {foo}",
 }
@@ -172,7 +172,7 @@ BAD = {  # override → key the one-line message must name
     "model=gpt2 model.name_or_path=/nonexistent/dir": "model.name_or_path",
     "task=imdb task.reward._target_=cory.tasks.rewards.NoSuchReward": "task.reward._target_",
     "task=imdb task.source=web": "task.source",
-    "algorithm=cory algorithm.swap_period=0": "algorithm.swap_period",
+    "algorithm=cory algorithm.schedule.period=0": "algorithm.swap_period",
 }
 if not torch.cuda.is_available():
     BAD |= {"+model.load_in_4bit=true": "model.load_in_4bit", "hardware=gpu": "hardware.device"}

@@ -9,8 +9,8 @@ import json
 import math
 
 import pytest
-
 from cory.algorithms.cory import CORY_METRICS
+
 from cory.loggers import JsonlLogger, WandbLogger, resolve_wandb_mode, strip_secrets
 from cory.metrics import RUN_METRICS, eval_key, markdown_table, ppo_key, role_key, train_key
 from cory.metrics import is_known_metric as _is_known

@@ -32,6 +32,7 @@ from cory.config import validate
 from cory.errors import ConfigError
 from cory.models import build_tiny_llama, load_pretrained
 from cory.policy import HANDLE_KEYS, AdapterFreeReference
+from cory.ppo.learner import Batch
 from cory.ppo.rollout import generate
 from cory.train import train
 
@@ -55,7 +56,7 @@ def adapter(agent) -> dict[str, torch.Tensor]:
     """The agent's own adapter weights, by name."""
     return {
         n: p.detach().clone()
-        for n, p in agent.policy.pretrained_model.named_parameters()
+        for n, p in agent.trainee.policy.pretrained_model.named_parameters()
         if f".{agent.name}." in n and "lora_" in n
     }
 
@@ -78,33 +79,35 @@ def test_cory_agents_are_two_adapters_on_one_frozen_base():
     algorithm, backbone = make_algorithm(smoke("algorithm=cory"))
     a, b = algorithm.agents["llm1"], algorithm.agents["llm2"]
     peft = backbone.peft_model
-    assert a.policy.pretrained_model is peft and b.policy.pretrained_model is peft  # one base in memory
+    assert (
+        a.trainee.policy.pretrained_model is peft and b.trainee.policy.pretrained_model is peft
+    )  # one base in memory
     assert set(peft.peft_config) == {"llm1", "llm2"}
     # identical start: same LoRA initialisation and value head, drawn from the run seed
     assert list(adapter(a).values()) and all(
         torch.equal(x, y) for x, y in zip(adapter(a).values(), adapter(b).values())
     )
-    assert torch.equal(a.policy.v_head.summary.weight, b.policy.v_head.summary.weight)
+    assert torch.equal(a.trainee.policy.v_head.summary.weight, b.trainee.policy.v_head.summary.weight)
     # what each optimiser steps: its own adapter and value head, nothing shared, no base weight
-    own_a, own_b = {id(p) for p in a.trainable_parameters()}, {id(p) for p in b.trainable_parameters()}
+    own_a, own_b = {id(p) for p in a.trainee.trainable_parameters()}, {id(p) for p in b.trainee.trainable_parameters()}
     assert not own_a & own_b
     lora_a = {id(p) for n, p in peft.named_parameters() if ".llm1." in n}
-    assert own_a == lora_a | {id(p) for p in a.policy.v_head.parameters()}
-    assert {id(p) for g in a.optimizer.param_groups for p in g["params"]} == own_a
+    assert own_a == lora_a | {id(p) for p in a.trainee.policy.v_head.parameters()}
+    assert {id(p) for g in a.trainee.engine.optimizer.param_groups for p in g["params"]} == own_a
     assert all(not p.requires_grad for n, p in peft.named_parameters() if "lora_" not in n)
-    assert isinstance(a.ref_model, AdapterFreeReference) and b.ref_model is a.ref_model
-    assert list(a.ref_model.parameters()) == []  # π0 owns no weights: it is the base with adapters disabled
+    assert isinstance(a.actor.reference, AdapterFreeReference) and b.actor.reference is a.actor.reference
+    assert list(a.actor.reference.parameters()) == []  # π0 owns no weights: it is the base with adapters disabled
 
 
 def test_learning_moves_each_agents_adapter_and_never_the_base():
     algorithm, backbone = make_algorithm(smoke("algorithm=cory"))
     a, b = algorithm.agents["llm1"], algorithm.agents["llm2"]
     base_before, a_before, b_before = base_weights(backbone.peft_model), adapter(a), adapter(b)
-    head_before = a.policy.v_head.summary.weight.detach().clone()
+    head_before = a.trainee.policy.v_head.summary.weight.detach().clone()
     step(algorithm, 2)
     assert changed(base_before, base_weights(backbone.peft_model)) == []  # bit-identical base
     assert changed(a_before, adapter(a)) and changed(b_before, adapter(b))
-    assert not torch.equal(a.policy.v_head.summary.weight, head_before)
+    assert not torch.equal(a.trainee.policy.v_head.summary.weight, head_before)
     assert any(not torch.equal(x, y) for x, y in zip(adapter(a).values(), adapter(b).values()))
 
 
@@ -117,7 +120,7 @@ def test_reference_log_probs_equal_the_adapter_free_model():
     agent = algorithm.agents["llm1"]
     prompts = [torch.tensor(tokenizer(q)["input_ids"]) for q in QUERIES[:3]]
     responses = [torch.randint(0, 256, (n,), generator=torch.Generator().manual_seed(n)) for n in (3, 5, 2)]
-    rollout = agent.score_tokens(prompts, responses)  # left-padded prompts, right-padded responses
+    rollout = agent.actor.score_tokens(prompts, responses)  # left-padded prompts, right-padded responses
     with torch.no_grad():
         for i, (p, r) in enumerate(zip(prompts, responses)):
             ids = torch.cat([p, r])[None]
@@ -131,43 +134,52 @@ def test_reference_log_probs_equal_the_adapter_free_model():
 def test_trainable_parameters_are_selected_by_name_not_requires_grad():
     algorithm, _ = make_algorithm(smoke("algorithm=cory"))
     a, b = algorithm.agents["llm1"], algorithm.agents["llm2"]
-    b.policy.activate()  # PEFT now marks llm2's adapter trainable and llm1's frozen
-    by_flag = {id(p) for p in a.policy.parameters() if p.requires_grad}
-    assert by_flag & {id(p) for p in b.trainable_parameters()}  # the wrong filter would train llm2's adapter
-    assert {id(p) for p in a.trainable_parameters()} == {id(p) for g in a.optimizer.param_groups for p in g["params"]}
-    rollout = a.act(QUERIES, 4, {"do_sample": True, "top_k": 0}, 16)
+    b.trainee.policy.activate()  # PEFT now marks llm2's adapter trainable and llm1's frozen
+    by_flag = {id(p) for p in a.trainee.policy.parameters() if p.requires_grad}
+    assert by_flag & {id(p) for p in b.trainee.trainable_parameters()}  # the wrong filter would train llm2's adapter
+    assert {id(p) for p in a.trainee.trainable_parameters()} == {
+        id(p) for g in a.trainee.engine.optimizer.param_groups for p in g["params"]
+    }
+    rollout = a.actor.act(QUERIES, 4, {"do_sample": True, "top_k": 0}, 16)
     b_before, a_before = adapter(b), adapter(a)
-    b.policy.activate()
-    a.learn(rollout, torch.tensor([1.0, 0.0] * 3))  # learning llm1 right after llm2 was active
+    b.trainee.policy.activate()
+    a.learner.update(Batch(rollout, torch.tensor([1.0, 0.0] * 3)))  # learning llm1 right after llm2 was active
     assert changed(a_before, adapter(a)) and changed(b_before, adapter(b)) == []
 
 
 def test_role_swap_keeps_adapters_and_optimiser_state_with_their_agent():
-    algorithm, _ = make_algorithm(smoke("algorithm=cory", "algorithm.swap_period=1"))
+    algorithm, _ = make_algorithm(smoke("algorithm=cory", "algorithm.schedule.period=1"))
     a = algorithm.agents["llm1"]
     step(algorithm, 1)  # llm1 pioneer; roles swap after this iteration
-    assert algorithm.roles["pioneer"] == "llm2"
-    state = a.optimizer.state_dict()["state"]
+    assert algorithm.roles(0)["pioneer"] == "llm1" and algorithm.roles(1)["pioneer"] == "llm2"
+    state = a.trainee.engine.optimizer.state_dict()["state"]
     steps = {float(s["step"]) for s in state.values()}
-    assert len(state) == len(a.trainable_parameters()) and len(steps) == 1  # every owned parameter stepped
-    names = {n for n, p in a.policy.named_parameters() if a.policy.owns(n)}
+    assert len(state) == len(a.trainee.trainable_parameters()) and len(steps) == 1  # every owned parameter stepped
+    names = {n for n, p in a.trainee.policy.named_parameters() if a.trainee.policy.owns(n)}
     assert names and all(".llm1." in n or n.startswith("v_head.") for n in names)
     step(algorithm, 1, start=1)  # llm1 now observer: its own Adam continues
-    assert {float(s["step"]) for s in a.optimizer.state_dict()["state"].values()} == {2 * next(iter(steps))}
-    assert algorithm.roles["pioneer"] == "llm1"
+    assert {float(s["step"]) for s in a.trainee.engine.optimizer.state_dict()["state"].values()} == {
+        2 * next(iter(steps))
+    }
+    assert algorithm.roles(2)["pioneer"] == "llm1"
 
 
 def test_the_official_swap_resets_each_agents_own_state():
     """`faithful_official_swap` with LoRA: fresh Adam over the same adapter, β back to its initial value."""
-    cfg = smoke("algorithm=cory", "algorithm.swap_period=1", "algorithm.faithful_official_swap=true")
+    cfg = smoke("algorithm=cory", "algorithm.schedule.period=1", "algorithm.schedule.faithful_official_swap=true")
     algorithm, _ = make_algorithm(cfg)
     a = algorithm.agents["llm1"]
     before = adapter(a)
     algorithm.step(0)
     # it learned, then the swap reset its training state and restarted the length draws
     assert algorithm.team.schedule.reseed_at == 1 and changed(before, adapter(a))
-    assert a.optimizer.state_dict()["state"] == {} and a.kl_ctl.value == cfg.algorithm.agent.init_kl_coef
-    assert {id(p) for g in a.optimizer.param_groups for p in g["params"]} == {id(p) for p in a.trainable_parameters()}
+    assert (
+        a.trainee.engine.optimizer.state_dict()["state"] == {}
+        and a.learner.kl_ctl.value == cfg.algorithm.agent.init_kl_coef
+    )
+    assert {id(p) for g in a.trainee.engine.optimizer.param_groups for p in g["params"]} == {
+        id(p) for p in a.trainee.trainable_parameters()
+    }
 
 
 def test_one_shared_base_gives_the_numbers_of_separate_copies():
@@ -211,14 +223,17 @@ def test_checkpoint_holds_adapter_and_value_head_only_and_loads_back(tmp_path):
     assert changed(adapter(agent), adapter(other))
     other.load(tmp_path / "llm1")
     assert changed(adapter(agent), adapter(other)) == []
-    assert torch.equal(agent.policy.v_head.summary.weight, other.policy.v_head.summary.weight)
-    assert other.optimizer.state_dict()["state"].keys() == agent.optimizer.state_dict()["state"].keys()
+    assert torch.equal(agent.trainee.policy.v_head.summary.weight, other.trainee.policy.v_head.summary.weight)
+    assert (
+        other.trainee.engine.optimizer.state_dict()["state"].keys()
+        == agent.trainee.engine.optimizer.state_dict()["state"].keys()
+    )
 
 
 @pytest.mark.long
 @pytest.mark.slow
 def test_a_killed_lora_run_resumes_exactly(tmp_path):
-    args = ["experiment=gsm8k_smoke", "algorithm=cory", "iterations=6", "save_every=2", "algorithm.swap_period=2"]
+    args = ["experiment=gsm8k_smoke", "algorithm=cory", "iterations=6", "save_every=2", "algorithm.schedule.period=2"]
     train(compose_cfg([*args, "progress=false"]), tmp_path / "reference")
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
@@ -241,13 +256,13 @@ def test_a_killed_lora_run_resumes_exactly(tmp_path):
 def test_full_fine_tuning_runs_on_the_same_code(tmp_path):
     algorithm, backbone = make_algorithm(smoke("algorithm=cory", "model.lora.enabled=false"))
     a = algorithm.agents["llm1"]
-    assert backbone.peft_model is None and a.policy.adapter is None
-    assert all(p.requires_grad for p in a.trainable_parameters())
-    before = {n: p.detach().clone() for n, p in a.policy.pretrained_model.named_parameters()}
-    ref_before = {n: p.detach().clone() for n, p in a.ref_model.named_parameters()}
+    assert backbone.peft_model is None and a.trainee.policy.adapter is None
+    assert all(p.requires_grad for p in a.trainee.trainable_parameters())
+    before = {n: p.detach().clone() for n, p in a.trainee.policy.pretrained_model.named_parameters()}
+    ref_before = {n: p.detach().clone() for n, p in a.actor.reference.named_parameters()}
     step(algorithm, 1)
-    assert changed(before, dict(a.policy.pretrained_model.named_parameters()))
-    assert changed(ref_before, dict(a.ref_model.named_parameters())) == []
+    assert changed(before, dict(a.trainee.policy.pretrained_model.named_parameters()))
+    assert changed(ref_before, dict(a.actor.reference.named_parameters())) == []
     a.save(tmp_path / "llm1")
     assert (tmp_path / "llm1" / "policy.safetensors").exists()
 
@@ -255,7 +270,7 @@ def test_full_fine_tuning_runs_on_the_same_code(tmp_path):
 @pytest.mark.parametrize(("experiment", "bos"), [("gsm8k_smoke", True), ("smoke", False)])
 def test_prompts_get_a_bos_when_the_model_config_says_so(experiment, bos):
     algorithm, backbone = make_algorithm(compose_cfg([f"experiment={experiment}", "algorithm=ppo"]))
-    rollout = algorithm.agents["llm1"].act(["ab", "abcd"], 2, {"do_sample": True, "top_k": 0}, 16)
+    rollout = algorithm.agents["llm1"].actor.act(["ab", "abcd"], 2, {"do_sample": True, "top_k": 0}, 16)
     firsts = {int(row[mask.bool()][0]) for row, mask in zip(rollout.prompt_ids, rollout.prompt_mask)}
     lengths = rollout.prompt_mask.sum(-1).tolist()
     tok = backbone.tokenizer

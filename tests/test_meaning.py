@@ -23,22 +23,22 @@ from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
+import cory.algorithms.cory
+import cory.algorithms.cory_variants
+import cory.algorithms.ppo
 import numpy as np
 import pytest
 import torch
+from cory.algorithms.cory import CORY
 from helpers.compose import compose_cfg
 from helpers.cory_setup import QUERIES, make_cory
 from helpers.from_config import learner, task_kwargs
 from helpers.runners import smoke
 
-import cory.algorithms.cory
-import cory.algorithms.cory_variants
-import cory.algorithms.ppo
 import cory.ppo.backends
 import cory.ppo.evaluation
 import cory.ppo.learner
 import cory.ppo.metrics
-from cory.algorithms.cory import CORY
 from cory.algorithms.team import AgentTeam
 from cory.metrics import AGENT_PLACEHOLDER, RUN_METRICS, is_known_metric
 from cory.models import build_tiny_gpt2, make_reference
@@ -164,7 +164,7 @@ def check_evaluation_samples_in_eval_mode(tmp: Path) -> None:
     assert (metrics, samples) == (plain_metrics, plain_samples), "evaluation sampled with dropout on"
 
 
-FAITHFUL = ("algorithm=cory", "algorithm.faithful_official_swap=true", "algorithm.swap_period=2")
+FAITHFUL = ("algorithm=cory", "algorithm.schedule.faithful_official_swap=true", "algorithm.schedule.period=2")
 
 
 def check_faithful_swap_restarts_rng_streams_and_length_draws(tmp: Path) -> None:

@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 
 import pytest
+from cory.algorithms.cory import CORY
+from cory.algorithms.ppo import PPO
 from helpers.compose import compose_cfg
 from helpers.hang import start_hanging
 from helpers.runners import (
@@ -39,14 +41,12 @@ import cory.engines
 import cory.ppo.learner
 import cory.trainer
 from cory import preemption, runs
-from cory.algorithms.cory import CORY
-from cory.algorithms.ppo import PPO
 from cory.checkpoints import latest_checkpoint
 from cory.errors import ConfigError
 from cory.tasks.toy import ToyTask
 from cory.train import train
 
-CORY_ARGS = ["algorithm=cory", "algorithm.swap_period=1"]  # a role swap after every iteration, across the stop
+CORY_ARGS = ["algorithm=cory", "algorithm.schedule.period=1"]  # a role swap after every iteration, across the stop
 _REFERENCE: dict[str, list[dict]] = {}
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cory.algorithms.ppo import PPO
 from helpers.compose import compose_cfg
 from helpers.from_config import task_kwargs
 from helpers.runners import (
@@ -58,7 +59,6 @@ import cory.checkpoints
 import cory.models
 import cory.ppo.learner
 import cory.train
-from cory.algorithms.ppo import PPO
 from cory.algorithms.team import QuerySchedule
 from cory.checkpoints import latest_checkpoint
 from cory.errors import CheckpointError, NonFiniteError
@@ -68,7 +68,7 @@ from cory.trainer import Trainer
 
 # Six iterations, a checkpoint every two, an evaluation every two (smoke's); CORY swaps roles every two, so a
 # swap falls after every checkpoint a resume starts from.
-RESUMABLE = ["iterations=6", "save_every=2", "algorithm.swap_period=2"]
+RESUMABLE = ["iterations=6", "save_every=2", "algorithm.schedule.period=2"]
 SECRET = "secret-test-value"
 
 

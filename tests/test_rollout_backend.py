@@ -15,7 +15,7 @@ from cory.errors import ConfigError
 from cory.models import build_tiny_gpt2, build_tiny_llama, make_reference
 from cory.policy import Backbone, LoraSettings, PolicyWithValueHead
 from cory.ppo.backends import HFBackend, make_backends
-from cory.ppo.learner import Agent
+from cory.ppo.learner import Agent, Batch, agent_on
 from cory.ppo.rollout import encode_prompts, generate
 from cory.ppo.vllm_backend import VLLMEngine, engine_config, hf_weights, lora_rank, response_ids, sampling_settings
 from cory.settings import RolloutSettings, RunSettings
@@ -119,7 +119,7 @@ class FixedTokens:
 def _agent(backend=None) -> Agent:
     model, tokenizer = build_tiny_gpt2()
     config = learner(mini_batch_size=2, ppo_epochs=1, init_kl_coef=0.1)
-    return Agent("llm1", model, make_reference(model), tokenizer, config, seed=0, backend=backend)
+    return agent_on("llm1", model, make_reference(model), tokenizer, config, seed=0, backend=backend)
 
 
 def test_the_update_uses_hugging_face_log_probs_of_the_backends_tokens() -> None:
@@ -130,12 +130,12 @@ def test_the_update_uses_hugging_face_log_probs_of_the_backends_tokens() -> None
     responses = [[72, 105, eos], [65, 66, 67], [10, 11, 12, 13]]  # as a backend returns them: cut after EOS
     agent = _agent(FixedTokens(responses))
     prompts = ["The film", "A", "Once upon a time"]
-    rollout = agent.act(prompts, max_new_tokens=4, generation_kwargs={"do_sample": True}, batch_size=2)
-    model = agent.policy.pretrained_model
+    rollout = agent.actor.act(prompts, max_new_tokens=4, generation_kwargs={"do_sample": True}, batch_size=2)
+    model = agent.trainee.policy.pretrained_model
     for i, (prompt, response) in enumerate(zip(prompts, responses)):
         n = len(response)
         assert rollout.response_ids[i, :n].tolist() == response and int(rollout.response_mask[i].sum()) == n
-        ids = torch.tensor([*agent.tokenizer(prompt)["input_ids"], *response])
+        ids = torch.tensor([*agent.actor.tokenizer(prompt)["input_ids"], *response])
         with torch.no_grad():
             logits = model(ids[None]).logits[0].float()
         expected = torch.log_softmax(logits[-n - 1 : -1], -1).gather(-1, ids[-n:, None]).squeeze(-1)
@@ -146,11 +146,11 @@ def test_the_update_uses_hugging_face_log_probs_of_the_backends_tokens() -> None
 def test_backend_is_synced_before_the_first_generation_and_after_each_update() -> None:
     backend = FixedTokens([[65, 66], [67, 68]])
     agent = _agent(backend)
-    act = lambda: agent.act(["ab", "cd"], 2, {"do_sample": True}, batch_size=2)  # noqa: E731
+    act = lambda: agent.actor.act(["ab", "cd"], 2, {"do_sample": True}, batch_size=2)  # noqa: E731
     rollout = act()
     act()
     assert backend.synced == 1  # no update in between: nothing to push
-    agent.learn(rollout, torch.tensor([1.0, -1.0]))
+    agent.learner.update(Batch(rollout, torch.tensor([1.0, -1.0])))
     act()
     assert backend.synced == 2
 
@@ -158,12 +158,12 @@ def test_backend_is_synced_before_the_first_generation_and_after_each_update() -
 def test_hugging_face_backend_is_todays_generate() -> None:
     """The default backend draws the same tokens as `generate` did (same weights, same seed)."""
     agent = _agent()
-    assert isinstance(agent.backend, HFBackend)
+    assert isinstance(agent.actor.backend, HFBackend)
     prompts, kwargs = ["The film", "A"], {"do_sample": True, "top_k": 0, "top_p": 1.0, "temperature": 1.0}
     torch.manual_seed(3)
-    _, want = generate(agent.policy, agent.tokenizer, prompts, 6, kwargs, agent.device, 2)
+    _, want = generate(agent.trainee.policy, agent.actor.tokenizer, prompts, 6, kwargs, agent.trainee.device, 2)
     torch.manual_seed(3)
-    got = agent.backend.generate(encode_prompts(agent.tokenizer, prompts), 6, kwargs, 2)
+    got = agent.actor.backend.generate(encode_prompts(agent.actor.tokenizer, prompts), 6, kwargs, 2)
     assert [g.tolist() for g in got] == [w.tolist() for w in want]
 
 

@@ -129,6 +129,7 @@ class Team:
             longest_prompt=episode.longest_prompt,
         )
         self.task, self.scorer = self.team.task, SafeScorer(self.team.task)
+        self.pad_token_id = context.backbone().tokenizer.pad_token_id  # the model is loaded by now
         self.critic = None
         if hasattr(critic, "build"):  # a critic with a model of its own, on the same base as the agents
             s, hw = context.settings, context.hardware
@@ -137,7 +138,7 @@ class Team:
                 backbone.policy(CRITIC_DIR, init_seed=s.seed),
                 agent,
                 seed=s.seed + len(ids),  # its own minibatch stream after the agents' seeds
-                pad_token_id=backbone.tokenizer.pad_token_id,
+                pad_token_id=self.pad_token_id,
                 device=context.device,
                 autocast_dtype=runtime.autocast_dtype(hw.precision),
                 forward_batch_size=hw.forward_batch_size,
@@ -148,6 +149,11 @@ class Team:
     def agents(self) -> dict:
         """The agents by id (for tests and tools; the trainer never reads them)."""
         return self.team.agents
+
+    def roles(self, iteration: int) -> dict[str, str]:
+        """Which agent plays each role in `iteration` (role → agent id)."""
+        assigned = self.schedule.players(iteration, list(self.team.agents))
+        return dict(zip(self.episode.roles, self.layout.players(assigned, self.episode.roles)))
 
     def describe(self) -> dict:
         """The run's name (`cory.naming.team_name`: `ppo`, `cory`, `cory_cc`, `cory_interleaved`, …) and what tells
@@ -171,7 +177,7 @@ class Team:
         k, ids = iteration, list(self.team.agents)
         queries, max_new_tokens = self.team.batch(k)
         # 1. who plays each role this iteration (a role exchange moves the role map, Eq. 5), and who learns
-        players = self.layout.players(self.schedule.players(k, ids), self.episode.roles)
+        players = list(self.roles(k).values())
         records: dict[str, _Record] = {}
         played_first, failures, replays, generate_s, learn_s = None, 0, 0, 0.0, 0.0
         for phase, learners in enumerate(self.schedule.phases(k, ids)):
@@ -244,18 +250,13 @@ class Team:
     def _batch(self, roles: list[int], played: Played, rewards, values) -> Batch:
         """One learner's batch: its roles' samples (concatenated in role order), their collective rewards, V_old
         from the joint critic (or None), the role of every sample, and the schedule's KL budget."""
-        pad = self.task_pad_token_id
         rollout = played.rollouts[roles[0]]
         for r in roles[1:]:
-            rollout = concat_rollouts(rollout, played.rollouts[r], pad)
+            rollout = concat_rollouts(rollout, played.rollouts[r], self.pad_token_id)
         scores = torch.tensor([x for r in roles for x in rewards[r]])
-        role_ids = torch.cat([torch.full((len(played.rollouts[r]),), r, dtype=torch.long) for r in roles])
+        role_ids = torch.cat([torch.full((len(rewards[r]),), r, dtype=torch.long) for r in roles])
         critic_values = None if values[roles[0]] is None else torch.cat([values[r] for r in roles])
         return Batch(rollout, scores, critic_values, role_ids, self.schedule.kl_budget)
-
-    @property
-    def task_pad_token_id(self) -> int:
-        return next(iter(self.team.agents.values())).actor.tokenizer.pad_token_id
 
     def _metrics(self, k: int, players: list[str], records: dict[str, _Record], played: Played) -> dict[str, float]:
         """Every agent's `train/`, `ppo/` metrics (`agent_metrics`), and with several roles the by-role views, the

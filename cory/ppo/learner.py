@@ -249,13 +249,16 @@ def agent_on(
     device: str | torch.device = "cpu",
     **placement: Any,
 ) -> Agent:
-    """An agent that owns a bare causal LM (wrapped here with a fresh value head seeded by `value_head_seed`, default
-    `seed`), with the YAML's GAE estimator and clipped loss unless others are given: for scripts and tests that
-    build an agent without a `Backbone`."""
-    with torch.random.fork_rng():
-        # the value head is the only random part of a bare model's agent; a fixed seed makes agents identical
-        torch.manual_seed(seed if value_head_seed is None else value_head_seed)
-        policy = PolicyWithValueHead(model).to(torch.device(device))
+    """An agent on `model`, a policy handle (`Backbone.policy`) or a bare causal LM that it then owns (wrapped here
+    with a fresh value head seeded by `value_head_seed`, default `seed`), with the YAML's GAE estimator and clipped
+    loss unless others are given: for scripts and tests that build an agent without a run."""
+    if isinstance(model, PolicyWithValueHead):
+        policy = model
+    else:
+        with torch.random.fork_rng():
+            # the value head is the only random part of a bare model's agent; a fixed seed makes agents identical
+            torch.manual_seed(seed if value_head_seed is None else value_head_seed)
+            policy = PolicyWithValueHead(model).to(torch.device(device))
     advantage = advantage if advantage is not None else part_from_yaml("advantage", "gae")
     loss = loss if loss is not None else part_from_yaml("loss", "ppo")
     train_value = placement.pop("train_value_head", advantage.uses_values)

@@ -22,7 +22,7 @@ import torch
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[2])]
 
 from cory import build, distributed, engines  # noqa: E402
-from cory.ppo.learner import Agent  # noqa: E402
+from cory.ppo.learner import Agent, Batch  # noqa: E402
 from helpers.compose import compose_cfg  # noqa: E402
 from helpers.from_config import agent_from  # noqa: E402
 
@@ -80,22 +80,24 @@ def main(out: Path, algorithm: str, emulate: int, shard: str, save: Path | None,
         sl = slice(lo, lo + rows)
         if emulate:
             agent.advantages = per_slice_advantages(agent, world)
-        rollout = agent.score_tokens(prompts[sl], responses[sl])
-        stats = agent.learn(rollout, scores[sl])
-        steps = [s["step"] for s in agent.optimizer.state.values()]
-        with agent.engine.whole():  # ZeRO-3, FSDP: gathered from the shards
-            params = {str(k): engines.held(p).clone() for k, p in enumerate(agent.trainable_parameters())}
+        rollout = agent.actor.score_tokens(prompts[sl], responses[sl])
+        stats = agent.learner.update(Batch(rollout, scores[sl])).stats
+        steps = [s["step"] for s in agent.trainee.engine.optimizer.state.values()]
+        with agent.trainee.engine.whole():  # ZeRO-3, FSDP: gathered from the shards
+            params = {str(k): engines.held(p).clone() for k, p in enumerate(agent.trainee.trainable_parameters())}
         result[agent.name] = {
             "params": params,
-            "kl_coef": agent.kl_ctl.value,
+            "kl_coef": agent.learner.kl_ctl.value,
             "adam_steps": float(steps[0]),
             "policy_loss": stats["policy_loss"],
             # the trainable weights this process holds (under ZeRO-3 and FSDP its shard of them)
-            "weight_bytes": sum(engines.local(p).numel() * p.element_size() for p in agent.trainable_parameters()),
+            "weight_bytes": sum(
+                engines.local(p).numel() * p.element_size() for p in agent.trainee.trainable_parameters()
+            ),
             # Adam's moments held by this process (under ZeRO and FSDP its shard of them)
             "adam_bytes": sum(
                 engines.local(t).numel() * t.element_size()
-                for state in agent.optimizer.state.values()
+                for state in agent.trainee.engine.optimizer.state.values()
                 for t in state.values()
                 if torch.is_tensor(t) and t.dim() > 0
             ),

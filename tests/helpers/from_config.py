@@ -41,8 +41,21 @@ def task_kwargs(task: str, overrides: Sequence[str] = ("~experiment",), **fields
     return node_kwargs(cfg.task, drop=("reward",)) | fields
 
 
+def parts(cfg: DictConfig) -> dict[str, Any]:
+    """What `learner.build` takes besides the placement, as a run gives it (`cory.algorithms.team.Team`): the
+    config's advantage estimator and loss, and whether the agents train their own value heads (its critic)."""
+    from hydra.utils import instantiate
+
+    critic = instantiate(cfg.algorithm.critic)
+    return {
+        "advantage": instantiate(cfg.algorithm.advantage),
+        "loss": instantiate(cfg.algorithm.loss),
+        "train_value_head": critic.actors_train_values,
+    }
+
+
 def agent_from(cfg: DictConfig, backbone, reference, name: str = "llm1", seed: int = 0):
-    """One agent as a run builds it (`cory.algorithms.team.AgentTeam`): the learner node of `cfg` on `backbone`."""
+    """One agent as a run builds it (`cory.algorithms.agents.AgentSet`): the learner node of `cfg` on `backbone`."""
     from hydra.utils import instantiate
 
     from cory import runtime
@@ -58,6 +71,7 @@ def agent_from(cfg: DictConfig, backbone, reference, name: str = "llm1", seed: i
         autocast_dtype=runtime.autocast_dtype(cfg.hardware.precision),
         forward_batch_size=cfg.hardware.forward_batch_size,
         add_special_tokens=backbone.add_special_tokens,
+        **parts(cfg),
     )
 
 

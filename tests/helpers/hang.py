@@ -21,9 +21,10 @@ CODE = "from helpers.hang import main_with_a_hanging_reward; main_with_a_hanging
 
 
 def main_with_a_hanging_reward() -> None:
-    import cory.train
     from cory.algorithms.cory import CORY
     from cory.algorithms.ppo import PPO
+
+    import cory.train
     from cory.tasks.toy import ToyTask
 
     hang_at, marker = int(os.environ["HANG_ITERATION"]), Path(os.environ["HANG_MARKER"])
