@@ -184,7 +184,10 @@ def test_sharding_on_one_process_trains_as_torch_adam(tmp_path: Path, engine: st
     π0."""
     base = [sys.executable, "-m", "cory.train", "experiment=smoke", "algorithm=cory", "model.lora.enabled=false"]
     base += ["iterations=3", "progress=false", "save_every=3"]
-    base += ["algorithm.schedule.period=2", "algorithm.schedule.faithful_official_swap=true"]  # a fresh Adam after iteration 2
+    base += [
+        "algorithm.schedule.period=2",
+        "algorithm.schedule.faithful_official_swap=true",
+    ]  # a fresh Adam after iteration 2
     _run([*base, *sharded_cpu(engine), f"hydra.run.dir={tmp_path / 'zero'}"])
     _run([*base, f"hydra.run.dir={tmp_path / 'adam'}"])
     rows = [

@@ -24,7 +24,9 @@ def make_cory(overrides: tuple[str, ...] = (), task_cls: type[ToyTask] = ToyTask
     """A CORY (or any team: `algorithm=<name>` and `algorithm/<part>=<option>` in `overrides`) on the smoke model:
     real agents, unless `learner` builds stubs; `parts` replace built parts (`credit=...`); every iteration trains on
     `QUERIES` with `MAX_NEW` new tokens."""
-    cfg = compose_cfg([*SMOKE_CORY, "batch_size=8", *overrides])
+    given = {o.split("=", 1)[0] for o in overrides}
+    defaults = [o for o in (*SMOKE_CORY, "batch_size=8") if o.split("=", 1)[0] not in given]
+    cfg = compose_cfg([*defaults, *overrides])
     context = build_context(cfg, Path(tempfile.gettempdir()))
     tokenizer = context.load_model()[1]
     task = task_cls(tokenizer, **task_kwargs("toy", SMOKE_CORY, num_train=8, num_eval=4))
