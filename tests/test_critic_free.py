@@ -1,9 +1,9 @@
-"""GRPO and RLOO learners (`cory/ppo/advantages.py`, `cory/ppo/critic_free.py`; docs/method.md §9).
+"""GRPO and RLOO: the group estimators (`cory/ppo/advantages.py`, `cory/ppo/estimators.py`; docs/method.md §9).
 
 Covers: the group baselines against hand-computed numbers (GRPO sums to zero per group, RLOO is the leave-one-out
 formula), contiguous groups; the KL-shaped sequence return; the agent team's schedule repeating each query G times
 (G = 1 is the schedule of before); the agent's update moves the policy, never its value head, with advantages equal to
-the group formula; the learner node's checks; runs through the entry point (PPO and CORY orchestration, exact resume);
+the group formula; the estimators' checks; runs through the entry point (PPO and CORY orchestration, exact resume);
 and parity with TRL 1.16's own code: the advantages `GRPOTrainer` and `RLOOTrainer` compute in a real training step,
 and `GRPOTrainer._compute_loss` on the same log-probs, advantages and masks.
 
@@ -13,7 +13,6 @@ Run:  .venv/bin/python -m pytest -q -p no:xdist tests/test_critic_free.py
 from __future__ import annotations
 
 import collections
-import dataclasses
 import math
 import tempfile
 from types import SimpleNamespace
@@ -21,21 +20,19 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from cory.ppo.critic_free import CriticFreeAgent, CriticFreeConfig
 from helpers.from_config import learner
 from helpers.runners import assert_same_rows, read_rows, resume_run, start_run
 
-from cory.algorithms.team import QuerySchedule
+from cory.algorithms.agents import QuerySchedule
 from cory.errors import ConfigError
 from cory.models import build_tiny_gpt2, make_reference
 from cory.ppo import core as ppo_core
 from cory.ppo.advantages import broadcast, group_advantages, sequence_returns, zero_spread_groups
+from cory.ppo.estimators import GRPO, RLOO
+from cory.ppo.learner import Agent, Batch, agent_on
 
-PPO_BLOCK = dataclasses.asdict(learner(learning_rate=1e-2, mini_batch_size=4, ppo_epochs=2))
-
-
-def config(**fields) -> CriticFreeConfig:
-    return CriticFreeConfig(**(PPO_BLOCK | {"advantage": "grpo", "group_size": 4} | fields))
+CONFIG = learner(learning_rate=1e-2, mini_batch_size=4, ppo_epochs=2)
+ESTIMATORS = {"grpo": GRPO, "rloo": RLOO}
 
 
 # ------------------------------------------------------------------------------------------------ pure maths
@@ -106,40 +103,54 @@ def test_schedule_repeats_each_query_group_size_times_and_keeps_the_old_schedule
 
 
 # ------------------------------------------------------------------------------------------------ the learner
-def test_learner_node_checks_its_values():
-    with pytest.raises(ConfigError, match=r"^algorithm\.agent\.advantage='gae': allowed"):
-        config(advantage="gae")
-    with pytest.raises(ConfigError, match=r"^algorithm\.agent\.group_size=1: must be an integer >= 2"):
-        config(group_size=1)
+@pytest.mark.parametrize("estimator", [GRPO, RLOO])
+def test_estimators_check_their_values(estimator):
+    for bad in (1, 0, True, 2.0):
+        with pytest.raises(ConfigError, match=r"^algorithm\.advantage\.group_size=.*: must be an integer >= 2"):
+            estimator(group_size=bad, per_role=False)
+    assert estimator(group_size=2, per_role=False).uses_values is False
+
+
+def test_a_batch_of_partial_groups_is_refused_before_the_model_loads(tmp_path):
+    from helpers.compose import compose_cfg
+
+    from cory.config import instantiate_target
+
+    cfg = compose_cfg(["experiment=smoke", "algorithm=grpo", "algorithm.advantage.group_size=3", "batch_size=8"])
     with pytest.raises(ConfigError, match=r"group_size=3 must divide batch_size=8"):
-        config(group_size=3).check_batch(8)
-    config().check_batch(8)
+        from cory.build import build_context
+
+        context = build_context(cfg, tmp_path)
+        context = __import__("dataclasses").replace(context, backbone=lambda: pytest.fail("the model was loaded"))
+        instantiate_target(cfg.algorithm, _convert_="all")(context=context)
 
 
-def make_agent(cfg: CriticFreeConfig) -> CriticFreeAgent:
+def make_agent(kind: str) -> Agent:
     model, tokenizer = build_tiny_gpt2()
-    return cfg.build("llm1", model, make_reference(model), tokenizer, seed=0)
+    estimator = ESTIMATORS[kind](group_size=4, per_role=False)
+    return agent_on("llm1", model, make_reference(model), tokenizer, CONFIG, seed=0, advantage=estimator)
 
 
-def rollout_of(agent: CriticFreeAgent):
+def rollout_of(agent: Agent):
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 256, (3,), generator=g)] * 4 + [torch.randint(0, 256, (5,), generator=g)] * 4
     responses = [torch.randint(0, 256, (n,), generator=g) for n in (4, 1, 6, 3, 2, 5, 3, 3)]
-    return agent.score_tokens(prompts, responses)
+    return agent.actor.score_tokens(prompts, responses)
 
 
 @pytest.mark.parametrize("kind", ["grpo", "rloo"])
 def test_learn_moves_the_policy_never_the_value_head_with_group_advantages(kind, monkeypatch):
-    agent = make_agent(config(advantage=kind))
+    agent = make_agent(kind)
     rollout = rollout_of(agent)
     scores = torch.tensor([1.0, 0.0, 2.0, 0.5, -1.0, 3.0, 0.0, 0.0])
-    before = {k: v.clone() for k, v in agent.policy.state_dict().items()}
-    assert not any(p is agent.policy.v_head.summary.weight for p in agent.trainable_parameters())
+    policy = agent.trainee.policy
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+    assert not any(p is policy.v_head.summary.weight for p in agent.trainee.trainable_parameters())
     seen = []
     real = ppo_core.policy_loss
     monkeypatch.setattr(ppo_core, "policy_loss", lambda lp, old, adv, *a: seen.append(adv) or real(lp, old, adv, *a))
-    stats = agent.learn(rollout, scores)
-    after = agent.policy.state_dict()
+    stats = agent.learner.update(Batch(rollout, scores)).stats
+    after = policy.state_dict()
     moved = {k for k in before if not torch.equal(before[k], after[k])}
     assert moved and all(not k.startswith("v_head.") for k in moved)
     assert {"value_loss", "value_clipfrac", "explained_variance"}.isdisjoint(stats)
@@ -308,13 +319,10 @@ def test_clipped_loss_equals_trl_grpo_token_level_loss():
 def test_a_critic_free_learner_names_its_runs(overrides, name):
     """Runs are grouped by `describe()["algorithm"]` (frontier, W&B, sweep summaries): GRPO must not pool with PPO."""
     from helpers.compose import compose_cfg
-    from hydra.utils import instantiate
+    from helpers.cory_setup import make_cory
 
-    from cory.algorithms.team import learner_identity
-
-    cfg = compose_cfg(["experiment=smoke", *overrides])
-    learner = instantiate(cfg.algorithm.agent)
-    base = cfg.algorithm._target_.rsplit(".", 1)[-1].lower()
-    identity = learner_identity(learner, base)
-    assert identity["algorithm"] == name and identity["kl_coef"] == learner.init_kl_coef
+    identity = make_cory(tuple(overrides)).describe()
+    beta = compose_cfg(["experiment=smoke", *overrides]).algorithm.agent.init_kl_coef
+    assert identity["algorithm"] == name and identity["kl_coef"] == beta
     assert identity["advantage"] == ("gae" if name in ("ppo", "cory") else name.rsplit("_", 1)[-1])
+    assert ("group_size" in identity) == (identity["advantage"] != "gae")
