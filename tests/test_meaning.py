@@ -14,7 +14,6 @@ Run: `pytest tests/test_meaning.py` (about a minute on 2 CPUs).
 from __future__ import annotations
 import __future__
 
-import dataclasses
 import inspect
 import json
 import random
@@ -23,26 +22,27 @@ from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
-import cory.algorithms.cory
-import cory.algorithms.cory_variants
-import cory.algorithms.ppo
 import numpy as np
 import pytest
 import torch
-from cory.algorithms.cory import CORY
 from helpers.compose import compose_cfg
 from helpers.cory_setup import QUERIES, make_cory
 from helpers.from_config import learner, task_kwargs
 from helpers.runners import smoke
 
+import cory.algorithms.team
 import cory.ppo.backends
 import cory.ppo.evaluation
 import cory.ppo.learner
 import cory.ppo.metrics
-from cory.algorithms.team import AgentTeam
-from cory.metrics import AGENT_PLACEHOLDER, RUN_METRICS, is_known_metric
+from cory.algorithms.agents import AgentSet
+from cory.algorithms.credit import Collective
+from cory.algorithms.episodes import Chain
+from cory.algorithms.team import TEAM_METRICS, Team, role_metrics
+from cory.metrics import AGENT_PLACEHOLDER, ROLES, RUN_METRICS, is_known_metric
 from cory.models import build_tiny_gpt2, make_reference
-from cory.ppo.learner import Agent
+from cory.ppo.actor import Actor
+from cory.ppo.learner import Batch, PPOLearner, agent_on
 from cory.tasks.toy import ToyTask
 from cory.train import train
 
@@ -71,25 +71,25 @@ def mutated(func: Callable, *edits: tuple[str, str]) -> Callable:
     return namespace[func.__name__]
 
 
-def one_cory_step(**switches) -> SimpleNamespace:
+def one_cory_step(*overrides: str) -> SimpleNamespace:
     """One CORY iteration with real tiny agents on `EchoTask`: every act (agent, prompts, rollout) and learn
     (agent, scores), and the step output whose sample rows cover the whole batch."""
     calls = SimpleNamespace(act=[], learn=[])
-    act, learn = Agent.act, Agent.learn
+    act, update = Actor.act, PPOLearner.update
 
     def act_spy(self, prompts, *args, **kwargs):
         rollout = act(self, prompts, *args, **kwargs)
-        calls.act.append((self.name, list(prompts), rollout))
+        calls.act.append((self.trainee.name, list(prompts), rollout))
         return rollout
 
-    def learn_spy(self, rollout, scores):
-        calls.learn.append((self.name, scores.clone()))
-        return learn(self, rollout, scores)
+    def update_spy(self, batch):
+        calls.learn.append((self.trainee.name, batch.scores.clone()))
+        return update(self, batch)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(Agent, "act", act_spy)
-        mp.setattr(Agent, "learn", learn_spy)
-        algorithm = make_cory(task_cls=EchoTask, **switches)
+        mp.setattr(Actor, "act", act_spy)
+        mp.setattr(PPOLearner, "update", update_spy)
+        algorithm = make_cory(overrides, task_cls=EchoTask)
         torch.manual_seed(0)
         calls.out = algorithm.step(0)
     calls.task = algorithm.task
@@ -113,7 +113,7 @@ def check_rewards_are_scored_on_the_query(tmp: Path) -> None:
 
 def check_observer_sees_the_pioneers_answer(tmp: Path) -> None:
     """With knowledge transfer the observer's prompt is T_obs(q, a1), holding the pioneer's decoded answer."""
-    step = one_cory_step(knowledge_transfer=True)
+    step = one_cory_step("algorithm.episode.knowledge_transfer=true")
     (_, pio_prompts, pio), (obs_id, obs_prompts, _) = step.act
     assert obs_id == "llm2" and pio_prompts == QUERIES
     expected = [step.task.observer_prompt(q, a1) for q, a1 in zip(QUERIES, pio.responses, strict=True)]
@@ -123,7 +123,7 @@ def check_observer_sees_the_pioneers_answer(tmp: Path) -> None:
 
 def check_both_agents_learn_the_collective_reward(tmp: Path) -> None:
     """R = r1 + r2 per sample reaches both PPO updates (paper Eq. 4, weights 1 and 1)."""
-    step = one_cory_step(w_self=1.0, w_other=1.0)
+    step = one_cory_step("algorithm.credit.w_self=1.0", "algorithm.credit.w_other=1.0")
     (_, _, pio), (_, _, obs) = step.act
     r1 = torch.tensor(step.task.score(QUERIES, pio.responses))
     r2 = torch.tensor(step.task.score(QUERIES, obs.responses))
@@ -138,10 +138,11 @@ def check_evaluation_samples_in_eval_mode(tmp: Path) -> None:
     model, tokenizer = build_tiny_gpt2(seed=0)  # GPT-2 with dropout 0.1, as the real one
     config = learner(("experiment=official_code",), mini_batch_size=4, ppo_epochs=1)
     assert config.generate_in_train_mode
-    agent = Agent("llm1", model, make_reference(model), tokenizer, config, seed=0)
+    agent = agent_on("llm1", model, make_reference(model), tokenizer, config, seed=0)
     task = EchoTask(tokenizer, **task_kwargs("toy"))
     queries, lengths = task.eval_queries()[:8], [6] * 8
-    agent.learn(agent.act(queries[:4], 6, task.generation_kwargs, 4), torch.ones(4))  # TRL: train mode from now
+    rollout = agent.actor.act(queries[:4], 6, task.generation_kwargs, 4)
+    agent.learner.update(Batch(rollout, torch.ones(4)))  # TRL: train mode from now
 
     modes: list[bool] = []
     generate = cory.ppo.backends.generate_ids  # what the default backend (Hugging Face) samples with
@@ -153,14 +154,14 @@ def check_evaluation_samples_in_eval_mode(tmp: Path) -> None:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(cory.ppo.backends, "generate_ids", generate_spy)
         torch.manual_seed(0)
-        agent.act(queries, 6, task.generation_kwargs, 8)
+        agent.actor.act(queries, 6, task.generation_kwargs, 8)
         assert modes == [True]  # the training-time quirk is live on this agent...
         modes.clear()
-        metrics, samples = cory.ppo.evaluation.evaluate(agent, task, queries, lengths, 8, seed=0)
+        metrics, samples = cory.ppo.evaluation.evaluate(agent.actor, task, queries, lengths, 8, seed=0)
     assert modes == [False], "evaluation sampled with dropout on"
     # ... and evaluation gives exactly what an agent without the quirk gives
-    agent.config = dataclasses.replace(config, generate_in_train_mode=False)
-    plain_metrics, plain_samples = cory.ppo.evaluation.evaluate(agent, task, queries, lengths, 8, seed=0)
+    agent.actor.generate_in_train_mode = False
+    plain_metrics, plain_samples = cory.ppo.evaluation.evaluate(agent.actor, task, queries, lengths, 8, seed=0)
     assert (metrics, samples) == (plain_metrics, plain_samples), "evaluation sampled with dropout on"
 
 
@@ -172,7 +173,7 @@ def check_faithful_swap_restarts_rng_streams_and_length_draws(tmp: Path) -> None
     permutation stream and the per-iteration length draws (docs/method.md §1.5, item 4): with a swap every 2
     iterations, iterations 2 and 4 start from identical random states, and the lengths repeat with period 2."""
     seen: dict[int, dict] = {}
-    step = CORY.step
+    step = Team.step
 
     def step_spy(self, iteration):
         seen[iteration] = {
@@ -180,14 +181,14 @@ def check_faithful_swap_restarts_rng_streams_and_length_draws(tmp: Path) -> None
             "torch": torch.get_rng_state(),
             "numpy": np.random.get_state()[1].copy(),
             "python": random.getstate(),
-            "agents": {k: a.rng.get_state()[1].copy() for k, a in self.agents.items()},
-            "fresh": {k: np.random.RandomState(a.seed).get_state()[1] for k, a in self.agents.items()},
+            "agents": {k: a.trainee.rng.get_state()[1].copy() for k, a in self.agents.items()},
+            "fresh": {k: np.random.RandomState(a.trainee.seed).get_state()[1] for k, a in self.agents.items()},
         }
         return step(self, iteration)
 
     overrides = (*FAITHFUL, "iterations=5", "batch_size=4", "num_eval=2", "eval_every=0", "save_every=0")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(CORY, "step", step_spy)
+        mp.setattr(Team, "step", step_spy)
         train(smoke(tmp, *overrides, "algorithm.agent.mini_batch_size=4", "task.max_new_tokens=[2,12]"), tmp / "run")
     lengths = [seen[k]["max_new_tokens"] for k in range(5)]
     assert lengths[2:] == lengths[:3], f"length draws did not restart at the swaps: {lengths}"
@@ -222,19 +223,15 @@ METRIC_RUNS = (
     | {
         # the learners and CORY variants that log names of their own (group statistics, schedules, the critic)
         algorithm: (f"algorithm={algorithm}", "iterations=2", "eval_every=0", "save_every=0", "num_eval=4")
-        for algorithm in ("grpo", "cory_cc", "cory_interleaved", "cory_shared")
+        for algorithm in ("grpo", "cory_cc", "cory_interleaved", "cory_shared", "cory_ccpo", "cory_chain3", "mappo3")
     }
+    | {"kl_in_loss": ("algorithm/loss=ppo_kl_in_loss", "iterations=2", "eval_every=0", "save_every=0", "num_eval=4")}
 )
 
 
 def catalogue() -> dict[str, str]:
-    """Every name PPO and CORY runs may log: the trainer's, the PPO learner's, CORY's and its variants' catalogues."""
-    return (
-        RUN_METRICS
-        | cory.ppo.metrics.PPO_METRICS
-        | cory.algorithms.cory.CORY_METRICS
-        | cory.algorithms.cory_variants.VARIANT_METRICS
-    )
+    """Every name PPO and CORY runs may log: the trainer's, the PPO learner's and the team's catalogues."""
+    return RUN_METRICS | cory.ppo.metrics.PPO_METRICS | TEAM_METRICS | role_metrics(ROLES)
 
 
 def logged_names(tmp: Path, run: str) -> set[str]:
@@ -285,17 +282,17 @@ def check_logged_statistics_follow_their_definitions(tmp: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ wrong versions
-def _patch_cory_step(*edits: tuple[str, str]):
-    return lambda mp: mp.setattr(CORY, "step", mutated(CORY.step, *edits))
+def _patch_team_step(*edits: tuple[str, str]):
+    return lambda mp: mp.setattr(Team, "step", mutated(Team.step, *edits))
 
 
-def _patch_play(*edits: tuple[str, str]):
-    """CORY's steps 1-4 (`cory.algorithms.cory.play`, which `CORY.step` calls) with `edits`."""
-    return lambda mp: mp.setattr(cory.algorithms.cory, "play", mutated(cory.algorithms.cory.play, *edits))
+def _patch(cls: type, method: str, *edits: tuple[str, str]):
+    """`cls.method` (a part's code: the episode's play and prompt, the credit rule) with `edits`."""
+    return lambda mp: mp.setattr(cls, method, mutated(getattr(cls, method), *edits))
 
 
-def _patch_reseed(old: str, new: str):
-    return lambda mp: mp.setattr(AgentTeam, "reseed", mutated(AgentTeam.reseed, (old, new)))
+def _patch_reset(old: str, new: str):
+    return lambda mp: mp.setattr(AgentSet, "reset", mutated(AgentSet.reset, (old, new)))
 
 
 def _extra_metric(mp: pytest.MonkeyPatch) -> None:
@@ -304,8 +301,7 @@ def _extra_metric(mp: pytest.MonkeyPatch) -> None:
     def with_extra(agent_id, *args, **kwargs):
         return real(agent_id, *args, **kwargs) | {f"train/{agent_id}/kl_token_weighted": 0.0}
 
-    for module in (cory.algorithms.ppo, cory.algorithms.cory):
-        mp.setattr(module, "agent_metrics", with_extra)
+    mp.setattr(cory.algorithms.team, "agent_metrics", with_extra)
 
 
 def _stat(old: str, new: str):
@@ -314,24 +310,30 @@ def _stat(old: str, new: str):
     )
 
 
-OBS_SCORE = "r2, failed2 = cory.scorer(queries, obs.responses)"
-OWN_PIO = ("cory.w_other * b for a, b", "0 * b for a, b")  # R_P = r1
-OWN_OBS = ("cory.w_other * a for a, b", "0 * a for a, b")  # R_O = r2
+SCORE = "r, failed = scorer(queries, rollout.responses)"
+OWN = ("self.w_other * b for a, b", "0 * b for a, b")  # R_k = r_k for every role
+OWN_OBS = ("self.w_other * b for a, b", "(self.w_other if k == 0 else 0) * b for a, b")  # R_O = r2
 # check → {wrong version: how to install it}
 WRONG_VERSIONS: dict[Check, dict[str, Callable[[pytest.MonkeyPatch], None]]] = {
     check_rewards_are_scored_on_the_query: {
-        "observer scored on its own prompt": _patch_play((OBS_SCORE, OBS_SCORE.replace("queries", "obs_prompts"))),
-        "observer scored with the pioneer's answer (Alg. 1 l.13 typo)": _patch_play(
-            (OBS_SCORE, OBS_SCORE.replace("obs.responses", "pio.responses"))
+        "observer scored on its own prompt": _patch(
+            Chain, "play", (SCORE, SCORE.replace("queries", "rollout.prompts"))
+        ),
+        "observer scored with the pioneer's answer (Alg. 1 l.13 typo)": _patch(
+            Chain, "play", (SCORE, SCORE.replace("rollout.responses", "rollouts[0].responses"))
         ),
     },
     check_observer_sees_the_pioneers_answer: {
-        "observer prompt without a1 under KT": _patch_play(("if cory.knowledge_transfer:", "if False:")),
-        "observer prompt with an empty a1": _patch_play(("observer_prompt(q, a1)", 'observer_prompt(q, "")')),
+        "observer prompt without a1 under KT": _patch(
+            Chain, "prompt", ("if self.knowledge_transfer else []", "if False else []")
+        ),
+        "observer prompt with an empty a1": _patch(
+            Chain, "prompt", ("observer_prompt(query, shown[-1])", 'observer_prompt(query, "")')
+        ),
     },
     check_both_agents_learn_the_collective_reward: {
-        "each agent rewarded with its own r only": _patch_play(OWN_PIO, OWN_OBS),
-        "observer rewarded with its own r only": _patch_play(OWN_OBS),
+        "each agent rewarded with its own r only": _patch(Collective, "__call__", OWN),
+        "observer rewarded with its own r only": _patch(Collective, "__call__", OWN_OBS),
     },
     check_evaluation_samples_in_eval_mode: {
         "evaluate() samples like training": lambda mp: mp.setattr(
@@ -340,14 +342,14 @@ WRONG_VERSIONS: dict[Check, dict[str, Callable[[pytest.MonkeyPatch], None]]] = {
             mutated(cory.ppo.evaluation.evaluate, ("evaluation=True", "evaluation=False")),
         ),
         "act() ignores evaluation=True": lambda mp: mp.setattr(
-            Agent, "act", mutated(Agent.act, (" and not evaluation", ""))
+            Actor, "act", mutated(Actor.act, (" and not evaluation", ""))
         ),
     },
     check_faithful_swap_restarts_rng_streams_and_length_draws: {
-        "no reseed requested at the swap": _patch_cory_step(("self.team.reseed(iteration + 1)", "pass")),
-        "global RNGs not reseeded": _patch_reseed("runtime.seed_everything(self.seed)", "pass"),
-        "agent streams not restarted": _patch_reseed("agent.rng = np.random.RandomState(agent.seed)", "pass"),
-        "length draws not restarted": _patch_reseed("self.schedule.reseed_at = at", "pass"),
+        "no reseed requested at the swap": _patch_team_step(("self.team.reset(k + 1)", "pass")),
+        "global RNGs not reseeded": _patch_reset("runtime.seed_everything(self.seed)", "pass"),
+        "agent streams not restarted": _patch_reset("agent.reset(reseed=True)", "agent.reset(reseed=False)"),
+        "length draws not restarted": _patch_reset("self.schedule.reseed_at = at", "pass"),
     },
     check_every_emitted_metric_is_defined: {"an undefined metric emitted": _extra_metric},
     check_every_defined_metric_is_emitted: {

@@ -73,6 +73,10 @@ PPO_METRICS: dict[str, str] = {
         "GRPO and RLOO: fraction of prompt groups whose G KL-shaped returns are all equal (advantage 0: no signal)."
     ),
     ppo_key(_A, "mean_non_score_reward"): "Masked token mean of −β·kl_t (TRL's `ppo/mean_non_score_reward`).",
+    ppo_key(_A, "kl_loss"): (
+        "`algorithm/loss=ppo_kl_in_loss`: mean over response tokens of the k3 KL estimate the loss adds β times "
+        "(the token rewards then carry no KL penalty)."
+    ),
     ppo_key(_A, "early_stopped"): (
         "1 when the early-stopping test (policy_kl > 1.5·target_kl, checked after each epoch as TRL does) fired "
         "and ended the epochs; always 0 with `early_stopping=false`."
@@ -147,6 +151,7 @@ def agent_metrics(
         "explained_variance": "explained_variance",
         "zero_spread_groups": "zero_spread_groups",
         "mean_non_score_reward": "mean_non_score_reward",
+        "kl_loss": "kl_loss",
         "early_stopped": "early_stopped",
         "nonfinite_skipped": "nonfinite_skipped",
         "nonfinite_steps": "nonfinite_steps",
