@@ -120,9 +120,7 @@ def _single_forward(agent: Agent, prompt: torch.Tensor, response: torch.Tensor):
 
 def test_score_tokens_is_padding_invariant():
     agent = make_agent()
-    agent.learner.update(
-        Batch(rollout_for(agent, seed=5), SCORES)
-    ).stats  # make policy ≠ reference so KL and ref log-probs differ
+    agent.learner.update(Batch(rollout_for(agent, seed=5), SCORES))  # policy ≠ reference: KL, ref log-probs differ
     prompts, responses = token_lists(agent.actor.tokenizer.eos_token_id)
     rollout = agent.actor.score_tokens(prompts, responses)
     assert rollout.logprobs.std() > 1.0  # the sharpened model is far from uniform: the comparison has teeth

@@ -191,21 +191,32 @@ PAPER_IMDB = {
     "task.reward._target_": "cory.tasks.rewards.ClassifierReward",
     "task.reward.name_or_path": "lvwerra/distilbert-imdb",
 }
+PPO_ON = {
+    "algorithm._target_": "cory.algorithms.team.Team",
+    "algorithm.episode.roles": ["pioneer"],
+    "algorithm.schedule._target_": "cory.algorithms.schedules.Simultaneous",
+}
 CORY_ON = {
-    "algorithm._target_": "cory.algorithms.cory.CORY",
-    "algorithm.knowledge_transfer": True,
-    "algorithm.role_exchange": True,
-    "algorithm.swap_period": 5,
-    "algorithm.w_self": 1.0,
-    "algorithm.w_other": 1.0,
-    "algorithm.faithful_official_swap": False,
+    "algorithm._target_": "cory.algorithms.team.Team",
+    "algorithm.episode.roles": ["pioneer", "observer"],
+    "algorithm.episode.knowledge_transfer": True,
+    "algorithm.schedule._target_": "cory.algorithms.schedules.RoleSwap",
+    "algorithm.schedule.period": 5,
+    "algorithm.credit._target_": "cory.algorithms.credit.Collective",
+    "algorithm.credit.w_self": 1.0,
+    "algorithm.credit.w_other": 1.0,
+    "algorithm.schedule.faithful_official_swap": False,
 }
 PAPER_PRESETS = {
-    "imdb_gpt2": {**PAPER_IMDB, "algorithm._target_": "cory.algorithms.ppo.PPO"},  # the default algorithm
+    "imdb_gpt2": {**PAPER_IMDB, **PPO_ON},  # the default algorithm
     "cory_gpt2_large": {**PAPER_IMDB, **CORY_ON},
-    "ppo_gpt2_xl": {**PAPER_IMDB, "model.name_or_path": "gpt2-xl", "algorithm._target_": "cory.algorithms.ppo.PPO"},
-    "cory_wo_kt": {**PAPER_IMDB, **CORY_ON, "algorithm.knowledge_transfer": False},
-    "cory_wo_rex": {**PAPER_IMDB, **CORY_ON, "algorithm.role_exchange": False},
+    "ppo_gpt2_xl": {**PAPER_IMDB, **PPO_ON, "model.name_or_path": "gpt2-xl"},
+    "cory_wo_kt": {**PAPER_IMDB, **CORY_ON, "algorithm.episode.knowledge_transfer": False},
+    "cory_wo_rex": {
+        **PAPER_IMDB,
+        **{k: v for k, v in CORY_ON.items() if not k.startswith("algorithm.schedule.")},
+        "algorithm.schedule._target_": "cory.algorithms.schedules.Simultaneous",
+    },
     "official_code": {
         **PAPER_IMDB,
         **CORY_ON,
@@ -216,7 +227,7 @@ PAPER_PRESETS = {
         "algorithm.agent.use_score_norm": True,
         "task.query_tokens": [2, 7],
         "task.min_review_chars": 100,
-        "algorithm.faithful_official_swap": True,
+        "algorithm.schedule.faithful_official_swap": True,
         "algorithm.agent.generate_in_train_mode": True,
     },
 }
@@ -272,7 +283,7 @@ def test_paper_experiments_override_from_the_command_line():
     cfg = compose_cfg(["experiment=cory_gpt2_large", "model=gpt2", "task.reward.name_or_path=/tmp/clf", "seed=2"])
     assert cfg.model.name_or_path == "gpt2" and cfg.seed == 2
     assert cfg.task.reward.name_or_path == "/tmp/clf"
-    assert cfg.algorithm._target_ == "cory.algorithms.cory.CORY"
+    assert cfg.algorithm._target_ == "cory.algorithms.team.Team" and cfg.algorithm.episode.name == "cory"
 
 
 @pytest.mark.parametrize("task", GROUPS["task"])
@@ -339,7 +350,7 @@ def test_cfg_job_prints_the_config_without_loading_a_model():
     )
     assert out.returncode == 0, out.stderr
     cfg = OmegaConf.create(out.stdout)
-    assert cfg.algorithm._target_ == "cory.algorithms.cory.CORY"
+    assert cfg.algorithm._target_ == "cory.algorithms.team.Team" and cfg.algorithm.episode.name == "cory"
     assert cfg.model._target_ == "cory.models.build_tiny_gpt2"
     assert "Error" not in out.stderr
 

@@ -50,7 +50,7 @@ from torch.distributed.tensor import DTensor
 from cory import build, distributed, engines
 from cory.checkpoints import latest_checkpoint
 from cory.errors import ConfigError, NonFiniteError
-from cory.ppo.learner import Agent
+from cory.ppo.learner import PPOLearner
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "helpers" / "data_parallel.py"
@@ -134,11 +134,11 @@ def test_under_sharded_weights_the_weight_check_reads_each_process_shard(
     """ZeRO-3 leaves each parameter an empty placeholder outside a gather, FSDP a DTensor whose local piece is this
     process's shard; the trainer's check after every step reads that shard (`engines.local`), so a NaN in a shard
     stops the run in one line."""
-    real_learn = Agent.learn
+    real_update = PPOLearner.update
 
-    def learn(self, rollout, scores):
-        out = real_learn(self, rollout, scores)
-        param = self.trainable_parameters()[0]
+    def update(self, batch):
+        out = real_update(self, batch)
+        param = self.trainee.trainable_parameters()[0]
         if engine == "zero3":
             assert param.numel() == 0 and engines.local(param).numel() > 0  # sharded: the placeholder holds nothing
         else:
@@ -147,7 +147,7 @@ def test_under_sharded_weights_the_weight_check_reads_each_process_shard(
             engines.local(param).view(-1)[0] = float("nan")
         return out
 
-    monkeypatch.setattr(Agent, "learn", learn)
+    monkeypatch.setattr(PPOLearner, "update", update)
     try:
         with pytest.raises(NonFiniteError, match=r"^iteration 0 left non-finite weights \(llm1/") as err:
             start_run(tmp_path, tmp_path / "run", "algorithm=ppo", "model.lora.enabled=false", *sharded_cpu(engine))

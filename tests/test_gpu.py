@@ -16,7 +16,7 @@ from helpers.from_config import learner
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from cory.models import build_tiny_gpt2, make_reference
-from cory.ppo.learner import Agent
+from cory.ppo.learner import agent_on
 from cory.train import train
 
 
@@ -55,14 +55,14 @@ def _models(size: str) -> tuple[torch.nn.Module, torch.nn.Module, object]:
 
 def _score(model, ref, tokenizer, device: str, dtype: torch.dtype | None):
     config = learner(("experiment=imdb_gpt2",))
-    agent = Agent(
+    agent = agent_on(
         "llm1", copy.deepcopy(model), copy.deepcopy(ref).to(device), tokenizer, config, seed=0, device=device
     )
-    agent.autocast_dtype = dtype
+    agent.trainee.autocast_dtype = dtype
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 256, (n,), generator=g) for n in (3, 8, 5, 12)]
     responses = [torch.randint(0, 256, (n,), generator=g) for n in (15, 4, 10, 15)]
-    return agent.score_tokens(prompts, responses)
+    return agent.actor.score_tokens(prompts, responses)
 
 
 @pytest.mark.gpu

@@ -22,8 +22,6 @@ import time
 from pathlib import Path
 
 import pytest
-from cory.algorithms.cory import CORY
-from cory.algorithms.ppo import PPO
 from helpers.compose import compose_cfg
 from helpers.hang import start_hanging
 from helpers.runners import (
@@ -41,6 +39,7 @@ import cory.engines
 import cory.ppo.learner
 import cory.trainer
 from cory import preemption, runs
+from cory.algorithms.team import Team
 from cory.checkpoints import latest_checkpoint
 from cory.errors import ConfigError
 from cory.tasks.toy import ToyTask
@@ -67,17 +66,16 @@ def signal_during(monkeypatch, sig: signal.Signals, iteration: int, where: str) 
     """Send `sig` to this process from inside training iteration `iteration`: in its reward (after generation) or
     in its PPO update (`where`: "score" or "learn")."""
     current: dict[str, int | None] = {"iteration": None}
-    for cls in (PPO, CORY):
 
-        def step(self, k, _step=cls.step):
-            current["iteration"] = k
-            try:
-                return _step(self, k)
-            finally:
-                current["iteration"] = None
+    def step(self, k, _step=Team.step):
+        current["iteration"] = k
+        try:
+            return _step(self, k)
+        finally:
+            current["iteration"] = None
 
-        monkeypatch.setattr(cls, "step", step)
-    owner, name = (ToyTask, "score") if where == "score" else (cory.ppo.learner.Agent, "learn")
+    monkeypatch.setattr(Team, "step", step)
+    owner, name = (ToyTask, "score") if where == "score" else (cory.ppo.learner.PPOLearner, "update")
     real, sent = getattr(owner, name), []
 
     def hooked(self, *args, **kwargs):
@@ -156,13 +154,12 @@ def signal_in_optimizer_step(monkeypatch, sig: signal.Signals, iteration: int, c
     """Send `sig` right after the `call`-th optimiser step (1-based) of training iteration `iteration` has changed
     the weights. Returns the list of optimiser steps taken, by iteration (to see that none ran after the signal)."""
     current: dict[str, int | None] = {"iteration": None}
-    for cls in (PPO, CORY):
 
-        def step(self, k, _step=cls.step):
-            current["iteration"] = k
-            return _step(self, k)
+    def step(self, k, _step=Team.step):
+        current["iteration"] = k
+        return _step(self, k)
 
-        monkeypatch.setattr(cls, "step", step)
+    monkeypatch.setattr(Team, "step", step)
     real, steps = cory.engines.optimizer_step, []
 
     def hooked(*args, **kwargs):

@@ -31,7 +31,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from cory.algorithms.ppo import PPO
 from helpers.compose import compose_cfg
 from helpers.from_config import task_kwargs
 from helpers.runners import (
@@ -59,7 +58,7 @@ import cory.checkpoints
 import cory.models
 import cory.ppo.learner
 import cory.train
-from cory.algorithms.team import QuerySchedule
+from cory.algorithms.team import QuerySchedule, Team
 from cory.checkpoints import latest_checkpoint
 from cory.errors import CheckpointError, NonFiniteError
 from cory.tasks.toy import ToyTask
@@ -250,7 +249,7 @@ def test_checkpoints_hold_no_pickle_but_the_optimizer(tmp_path):
 def test_nonfinite_rewards_skip_updates_then_stop_the_run(tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
     poisoned, skipped = [], []
-    real_save, real_learn = Trainer.save_checkpoint, cory.ppo.learner.Agent.learn
+    real_save, real_update = Trainer.save_checkpoint, cory.ppo.learner.PPOLearner.update
 
     def save_then_poison(self):
         path = real_save(self)
@@ -260,17 +259,17 @@ def test_nonfinite_rewards_skip_updates_then_stop_the_run(tmp_path, monkeypatch)
     def score(self, queries, responses):
         return [math.nan if poisoned else 0.5 for _ in responses]
 
-    def learn(self, rollout, scores):
-        before = {k: v.clone() for k, v in self.policy.state_dict().items()}
-        out = real_learn(self, rollout, scores)
-        if out["nonfinite_skipped"]:
-            assert all(torch.equal(before[k], v) for k, v in self.policy.state_dict().items())
+    def update(self, batch):
+        before = {k: v.clone() for k, v in self.trainee.policy.state_dict().items()}
+        out = real_update(self, batch)
+        if out.stats["nonfinite_skipped"]:
+            assert all(torch.equal(before[k], v) for k, v in self.trainee.policy.state_dict().items())
             skipped.append(out)
         return out
 
     monkeypatch.setattr(Trainer, "save_checkpoint", save_then_poison)
     monkeypatch.setattr(ToyTask, "score", score)
-    monkeypatch.setattr(cory.ppo.learner.Agent, "learn", learn)
+    monkeypatch.setattr(cory.ppo.learner.PPOLearner, "update", update)
     with pytest.raises(NonFiniteError, match=r"^3 consecutive iterations .*max_bad_iterations=3"):
         train(smoke(tmp_path, *overrides("ppo")), run_dir)
     rows = [r for r in read_rows(run_dir) if "ppo/llm1/nonfinite_skipped" in r]
@@ -286,17 +285,17 @@ def test_nonfinite_rewards_skip_updates_then_stop_the_run(tmp_path, monkeypatch)
 
 @pytest.mark.parametrize(("at", "last_good"), [(0, None), (3, "iter_000002")], ids=["first", "after-checkpoint"])
 def test_nonfinite_weights_stop_the_run_before_they_are_saved(tmp_path, monkeypatch, at, last_good):
-    real_learn, steps = cory.ppo.learner.Agent.learn, []
+    real_update, steps = cory.ppo.learner.PPOLearner.update, []
 
-    def learn(self, rollout, scores):
-        out = real_learn(self, rollout, scores)
+    def update(self, batch):
+        out = real_update(self, batch)
         if len(steps) == at:  # a NaN weight, as an overflowing update would leave it
             with torch.no_grad():
-                self.trainable_parameters()[0].view(-1)[0] = float("nan")
+                self.trainee.trainable_parameters()[0].view(-1)[0] = float("nan")
         steps.append(at)
         return out
 
-    monkeypatch.setattr(cory.ppo.learner.Agent, "learn", learn)
+    monkeypatch.setattr(cory.ppo.learner.PPOLearner, "update", update)
     run_dir = tmp_path / "run"
     with pytest.raises(NonFiniteError) as err:
         start_run(tmp_path, run_dir, *overrides("ppo")[1:])
@@ -323,7 +322,7 @@ def test_exploded_weights_stop_the_run_in_one_line(tmp_path):
 # ------------------------------------------------------------------------------------------------ signals, disk
 def test_sigterm_checkpoints_before_the_evaluation_it_was_due(tmp_path, tmp_path_factory, monkeypatch, capsys):
     want = reference_rows("ppo", tmp_path_factory)
-    real_step, real_evaluate, evaluations = PPO.step, Trainer.evaluate, []
+    real_step, real_evaluate, evaluations = Team.step, Trainer.evaluate, []
 
     def step(self, iteration):
         out = real_step(self, iteration)
@@ -335,7 +334,7 @@ def test_sigterm_checkpoints_before_the_evaluation_it_was_due(tmp_path, tmp_path
         evaluations.append(self.iteration)
         return real_evaluate(self, final)
 
-    monkeypatch.setattr(PPO, "step", step)
+    monkeypatch.setattr(Team, "step", step)
     monkeypatch.setattr(Trainer, "evaluate", evaluate)
     run_dir = tmp_path / "run"
     summary = start_run(tmp_path, run_dir, *overrides("ppo")[1:])
@@ -345,7 +344,7 @@ def test_sigterm_checkpoints_before_the_evaluation_it_was_due(tmp_path, tmp_path
     assert ckpt.name == "iter_000002" and json.loads((ckpt / "trainer.json").read_text())["pending_eval"] is True
     assert "stopped after iteration 2 on a signal; checkpoint saved" in capsys.readouterr().out
 
-    monkeypatch.setattr(PPO, "step", real_step)
+    monkeypatch.setattr(Team, "step", real_step)
     resume_run(run_dir)
     assert evaluations[1] == 2  # the resume owes it, and does it first
     assert_same_rows(read_rows(run_dir), want)

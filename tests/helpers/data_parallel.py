@@ -8,8 +8,8 @@ that base with adapters disabled) and the engine is joined as a run joins it (`c
 `--shard zero2|zero3|fsdp`: full fine-tuning (CORY: two whole copies), and under `torchrun` that sharding engine
 (`hardware=deepspeed_zero2|deepspeed_zero3|fsdp`, fp32 on the CPU; ZeRO-3 and FSDP also shard the weights and the
 reference); the emulating process keeps torch's Adam, so the two are compared.
-`--save DIR`: each process also takes part in saving the agents after `learn` (`Agent.save`, rank 0 writes
-DIR/<agent>); `--load DIR`: every agent first loads DIR/<agent> (saved by either engine).
+`--save DIR`: each process also takes part in saving the agents after the update (`cory.ppo.learner.Agent.save`,
+rank 0 writes DIR/<agent>); `--load DIR`: every agent first loads DIR/<agent> (saved by either engine).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import torch
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[2])]
 
 from cory import build, distributed, engines  # noqa: E402
+from cory.ppo.estimators import Estimate, EstimatorInputs  # noqa: E402
 from cory.ppo.learner import Agent, Batch  # noqa: E402
 from helpers.compose import compose_cfg  # noqa: E402
 from helpers.from_config import agent_from  # noqa: E402
@@ -38,13 +39,16 @@ def fixed_rollout_tokens(rows: int, seed: int) -> tuple[list[torch.Tensor], list
 
 
 def per_slice_advantages(agent: Agent, slices: int):
-    """GAE whitened over each process's slice, as each of `slices` processes whitens its own (TRL's semantics)."""
+    """The agent's estimator (GAE, whitened) on each process's slice, as each of `slices` processes whitens its own
+    (TRL's semantics)."""
+    estimator = agent.learner.advantage
 
-    def advantages(rewards, values, mask):
-        chunks = zip(rewards.chunk(slices), values.chunk(slices), mask.chunk(slices))
-        parts = [Agent.advantages(agent, *x) for x in chunks]
-        return torch.cat([a for a, _ in parts]), torch.cat([r for _, r in parts])
+    def advantages(inputs: EstimatorInputs) -> Estimate:
+        fields = (inputs.rewards, inputs.values, inputs.mask, inputs.roles)
+        parts = [estimator(EstimatorInputs(*x)) for x in zip(*(f.chunk(slices) for f in fields))]
+        return Estimate(torch.cat([p.advantages for p in parts]), torch.cat([p.returns for p in parts]))
 
+    advantages.uses_values = estimator.uses_values
     return advantages
 
 
@@ -79,7 +83,7 @@ def main(out: Path, algorithm: str, emulate: int, shard: str, save: Path | None,
         lo = 0 if emulate else distributed.rank() * B
         sl = slice(lo, lo + rows)
         if emulate:
-            agent.advantages = per_slice_advantages(agent, world)
+            agent.learner.advantage = per_slice_advantages(agent, world)
         rollout = agent.actor.score_tokens(prompts[sl], responses[sl])
         stats = agent.learner.update(Batch(rollout, scores[sl])).stats
         steps = [s["step"] for s in agent.trainee.engine.optimizer.state.values()]

@@ -21,24 +21,21 @@ CODE = "from helpers.hang import main_with_a_hanging_reward; main_with_a_hanging
 
 
 def main_with_a_hanging_reward() -> None:
-    from cory.algorithms.cory import CORY
-    from cory.algorithms.ppo import PPO
-
     import cory.train
+    from cory.algorithms.team import Team
     from cory.tasks.toy import ToyTask
 
     hang_at, marker = int(os.environ["HANG_ITERATION"]), Path(os.environ["HANG_MARKER"])
     current: dict[str, int | None] = {"iteration": None}
-    for cls in (PPO, CORY):
 
-        def step(self, iteration, _step=cls.step):
-            current["iteration"] = iteration
-            try:
-                return _step(self, iteration)
-            finally:
-                current["iteration"] = None
+    def step(self, iteration, _step=Team.step):
+        current["iteration"] = iteration
+        try:
+            return _step(self, iteration)
+        finally:
+            current["iteration"] = None
 
-        cls.step = step
+    Team.step = step
     real_score = ToyTask.score
 
     def score(self, queries, responses):
