@@ -56,9 +56,12 @@ ALGORITHM_NAMES = {  # how figures name each `algorithm=` option (the config's f
     "cory_grpo": "CORY with GRPO",
     "cory_rloo": "CORY with RLOO",
     "cory_simultaneous": "CORY w/o REx",
+    "cory_ccpo": "CORY counterfactual credit",  # the config; `cory_counterfactual` is the name its runs report
     "cory_counterfactual": "CORY counterfactual credit",
     "cory_chain3": "CORY three-role chain",
+    "cory_teamtr": "CORY sequential updates",
     "cory_sequential": "CORY sequential updates",
+    "mappo3": "MAPPO-style team of 3",
     "team3_cc": "MAPPO-style team of 3",
 }
 
@@ -115,6 +118,9 @@ def algorithm_name(config: Mapping | None, summary: Mapping | None = None) -> st
         and episode.get("knowledge_transfer") is False
     ):
         variants.append("w/o KT")
+    if isinstance(algorithm, Mapping):  # run folders written before the parts (flat CORY switches)
+        variants += [f"w/o {what}" for key, what in (("knowledge_transfer", "KT"), ("role_exchange", "REx"))
+                     if algorithm.get(key) is False]  # fmt: skip
     single = algorithm.get("single_agent_ft") if isinstance(algorithm, Mapping) else None
     if single or (single is None and summary.get("single_agent_ft")):
         variants.append("single-agent FT")

@@ -60,7 +60,8 @@ def test_the_wheel_carries_every_config_and_the_console_commands(tmp_path):
     job = _run(
         [sys.executable, "-m", "cory.train", "experiment=smoke", "algorithm=cory", "--cfg", "job"], tmp_path, site
     )
-    assert "_target_: cory.algorithms.cory.CORY" in job.stdout and "_target_: cory.ppo.learner.PPOConfig" in job.stdout
+    assert "_target_: cory.algorithms.team.Team" in job.stdout and "_target_: cory.ppo.learner.PPOConfig" in job.stdout
+    assert "name: cory" in job.stdout  # the episode part of algorithm=cory, from the wheel's configs
 
 
 @pytest.mark.long

@@ -246,7 +246,7 @@ def test_resuming_a_finished_run_changes_nothing(finished, capsys):
     [
         (["seed=1"], "seed (0 → 1)"),
         (["algorithm.agent.learning_rate=1e-4"], "algorithm.agent.learning_rate (0.001 → 0.0001)"),
-        (["algorithm=cory", "iterations=4"], "algorithm._target_ ('cory.algorithms.ppo.PPO' → 'cory.algo"),
+        (["algorithm=cory", "iterations=4"], "algorithm.episode.name ('ppo' → 'cory')"),
         (["model.n_layer=3"], "model.n_layer (2 → 3)"),
     ],
 )  # fmt: skip
