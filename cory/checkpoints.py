@@ -2,8 +2,9 @@
 
 A checkpoint `checkpoints/iter_<k>/` holds the algorithm's folder `algorithm/` (whatever its `save` writes: for
 PPO and CORY each agent's folder, `cory.ppo.learner.Agent.save`, and `policies.json`, the folders that hold
-policies), the torch RNG states (safetensors) and `trainer.json`, written last. The helpers `check_files`, `damaged` and `refuse_nonfinite` are what an algorithm's `load` uses to refuse
-its own files in the same one-line way. It is written into a temporary sibling and renamed, so a
+policies), the torch RNG states (safetensors) and `trainer.json`, written last. The helpers `check_files`,
+`damaged` and `refuse_nonfinite` are what an algorithm's `load` uses to refuse its own files in the same one-line way.
+It is written into a temporary sibling and renamed, so a
 crash mid-write leaves the previous checkpoint intact. Reading checks, before anything is restored or any log
 is truncated: `trainer.json` has every key, no file is empty, nothing pickled other than tensors is loaded
 (`torch.load(weights_only=True)`), and every loaded weight and optimiser tensor is finite.

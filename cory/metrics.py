@@ -3,8 +3,8 @@
 Each algorithm (or learner) keeps the catalogue of the names it emits beside its code, one line of definition per
 name: `cory.ppo.metrics.PPO_METRICS` (PPO and CORY's per-agent metrics), `cory.algorithms.team.TEAM_METRICS` (the
 role map and schedule of a team, with `role_metrics` for its by-role views), `cory.maft.metrics.MAFT_METRICS`;
-`RUN_METRICS` below holds what the trainer adds to every iteration. docs/metrics.md is generated from them (`markdown_table`), and a run emits no name its catalogues do not define
-(tests/test_meaning.py).
+`RUN_METRICS` below holds what the trainer adds to every iteration. docs/metrics.md is generated from them
+(`markdown_table`), and a run emits no name its catalogues do not define (tests/test_meaning.py).
 """
 
 from __future__ import annotations

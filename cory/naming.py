@@ -52,19 +52,25 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("cory.job_subdir", job_subdir)
 
 
+# Episodes whose agents exchange roles by default (CORY's pioneer and observer, a chain): a run of theirs is named
+# after its schedule only when it is another one. Every other episode's natural schedule is fixed roles.
+ROLE_SWAPPING_EPISODES = ("cory", "cory_chain3")
+
+
 def team_name(episode: str, roles: int, critic: str, advantage: str, schedule: str, layout: str, credit: str) -> str:
     """The name of a policy-gradient team in summaries, W&B and figures, from its parts' option names
-    (`cory/algorithms/team.py`): the episode's own name (`ppo`, `cory`, …), `_cc` with a centralised critic, the
-    advantage estimator when it is not GAE (with one role it replaces `ppo`: `grpo`, `rloo`), with several roles the
-    layout and the schedule when they are not CORY's (`cory_interleaved`, `cory_shared`, `cory_lora_per_role`), and
-    the credit rule when it is not the collective reward (`cory_counterfactual`)."""
+    (`cory/algorithms/team.py`): the episode's own name (`ppo`, `cory`, `team3`, …), `_cc` with a centralised critic,
+    the advantage estimator when it is not GAE (with one role it replaces `ppo`: `grpo`, `rloo`), with several roles
+    the layout and the schedule when they are not the episode's own (`cory_interleaved`, `cory_shared`,
+    `cory_lora_per_role`), and the credit rule when it is not the collective reward (`cory_counterfactual`)."""
     name = episode + ("_cc" if critic == "centralized" else "")
     if advantage != "gae":
         name = advantage if roles == 1 else f"{name}_{advantage}"
     if roles > 1:
+        home = "role_swap" if episode in ROLE_SWAPPING_EPISODES else "simultaneous"
         if layout != "separate":
             name += f"_{layout}" + ("" if schedule == "simultaneous" else f"_{schedule}")
-        elif schedule != "role_swap":
+        elif schedule != home:
             name += f"_{schedule}"
     if credit != "collective":
         name += f"_{credit}"

@@ -1,4 +1,5 @@
-"""Numerical parity of `cory.ppo.learner.PPOLearner.update` (GAE, clipped loss) with TRL 0.11.4's `PPOTrainer.step` (docs/method.md §2).
+"""Numerical parity of `cory.ppo.learner.PPOLearner.update` (GAE, clipped loss) with TRL 0.11.4's
+`PPOTrainer.step` (docs/method.md §2).
 
 TRL ≥ 0.12 has no step-API PPO, so the oracle lives in its own virtual environment. `make parity` builds it
 once and runs this script and tests/test_trl_parity.py; by hand:

@@ -69,21 +69,23 @@ def test_every_agent_and_the_base_model_are_evaluated(cory_run, tmp_path):
 
 
 def test_only_policy_agents_are_evaluated_not_a_centralised_critic(tmp_path):
-    """CORY + centralised critic saves `critic/` beside `llm1/` and `llm2/`, with LoRA weights too: not a policy."""
-    from cory.checkpoints import ALGORITHM_DIR
-    from cory.policy import ADAPTER_WEIGHTS, FULL_WEIGHTS
+    """CORY + centralised critic saves `critic/` beside `llm1/` and `llm2/` (LoRA weights too): the algorithm records
+    which folders hold policies (`policies.json`), and only those are evaluated; a damaged record is one line."""
+    from helpers.runners import start_run
 
-    folder = tmp_path / "iter_000001" / ALGORITHM_DIR
-    for name, files in {
-        "llm1": [ADAPTER_WEIGHTS, "agent.json"],
-        "llm2": [FULL_WEIGHTS, "agent.json"],
-        "critic": [ADAPTER_WEIGHTS, "critic.json"],
-        "empty": ["agent.json"],
-    }.items():
-        (folder / name).mkdir(parents=True)
-        for file in files:
-            (folder / name / file).write_text("{}")
-    assert cory.evaluate.checkpoint_agents(tmp_path / "iter_000001") == ["llm1", "llm2"]
+    from cory.checkpoints import ALGORITHM_DIR, POLICIES, latest_checkpoint
+    from cory.errors import CheckpointError
+
+    run = tmp_path / "run"
+    start_run(tmp_path, run, "algorithm=cory_cc", "model.lora.enabled=true", "iterations=1", "save_every=1")
+    checkpoint = latest_checkpoint(run)
+    assert (checkpoint / ALGORITHM_DIR / "critic").is_dir()
+    assert cory.evaluate.checkpoint_agents(checkpoint) == ["llm1", "llm2"]
+    (checkpoint / ALGORITHM_DIR / POLICIES).write_text('{"llm1": 1}')
+    with pytest.raises(CheckpointError, match=r"policies.json: ValueError: not a list of folder names"):
+        cory.evaluate.checkpoint_agents(checkpoint)
+    (checkpoint / ALGORITHM_DIR / POLICIES).unlink()  # MAFT records none: nothing but the base model to evaluate
+    assert cory.evaluate.checkpoint_agents(checkpoint) == []
 
 
 def test_overrides_instead_of_a_run_evaluate_the_base_model_of_that_config(tmp_path):

@@ -20,7 +20,7 @@ from helpers.compose import compose_cfg
 from helpers.runners import check_run_folder, read_rows, run_main_output
 from hydra.utils import instantiate
 
-import cory.algorithms.team
+import cory.algorithms.agents
 from cory.config import validate
 from cory.evaluate import evaluate_run
 from cory.tasks.answers import extract_answer
@@ -128,13 +128,13 @@ def test_arithmetic_problems_are_distinct_and_exact():
 @pytest.mark.parametrize("algorithm", ["ppo", "cory"])
 def test_lora_run_on_arithmetic_end_to_end(tmp_path, monkeypatch, algorithm):
     """Periodic evaluations use a prefix of the first and final ones' held-out problems (num_eval ≤ num_eval_final)."""
-    evaluated, real = [], cory.algorithms.team.evaluate
+    evaluated, real = [], cory.algorithms.agents.evaluate
 
     def spy(agent, task, queries, lengths, batch_size, seed):
         evaluated.append(list(queries))
         return real(agent, task, queries, lengths, batch_size, seed)
 
-    monkeypatch.setattr(cory.algorithms.team, "evaluate", spy)
+    monkeypatch.setattr(cory.algorithms.agents, "evaluate", spy)
     cfg = compose_cfg(["experiment=gsm8k_smoke", f"algorithm={algorithm}", "progress=false"])
     train(cfg, tmp_path / "run")
     check_run_folder(tmp_path / "run", algorithm, cfg.iterations)

@@ -116,8 +116,9 @@ class Interleaved:
 class Sequential:
     """Fixed roles; within every iteration the agents update one after another, each on a fresh episode played with
     everyone's current weights, so each update is taken against partners that have already moved (TeamTR-style
-    sequential trust-region updates). `kl_budget`: each update stops its epochs once its policy KL exceeds
-    1.5 × the budget (PPO's early-stopping test, a per-agent trust region); null keeps the learner's own setting."""
+    sequential trust-region updates). `kl_budget`: each update stops its epochs once ½·mean (Δ log π)² of the
+    epoch's last minibatch exceeds it (a per-agent trust region); null: no budget (the learner's own early stopping,
+    if on, still applies)."""
 
     kl_budget: float | None
 

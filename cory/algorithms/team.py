@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from functools import partial
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch

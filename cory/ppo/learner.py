@@ -55,8 +55,8 @@ class Batch:
         values: [B, T] V_old from a centralised critic, zero on padding; None: the rollout's own values (the
             learner's value head), or none at all for an estimator that ignores them.
         roles: [B] the role index each sample was played in (per-role estimators read it); default all 0.
-        kl_budget: stop the epochs once the policy KL exceeds 1.5 × this (a per-update trust region); None: the
-            learner's `early_stopping`/`target_kl`.
+        kl_budget: stop the epochs once the epoch's last minibatch's ½·mean (Δ log π)² exceeds this (a per-update
+            trust region, docs/method.md §12.5); None: none (the learner's own `early_stopping` still applies).
     """
 
     rollout: Rollout
@@ -328,8 +328,6 @@ class PPOLearner:
         advantages, returns = estimate.advantages, estimate.returns
         # 4. PPO epochs over shuffled minibatches, one optimiser step per backward batch (§2.6, §2.7)
         backward_batch = cfg.mini_batch_size * cfg.gradient_accumulation_steps
-        target_kl = batch.kl_budget if batch.kl_budget is not None else cfg.target_kl
-        early_stopping = cfg.early_stopping or batch.kl_budget is not None
         stats: list[dict[str, float]] = []
         early_stop, nonfinite_steps = False, 0
         for _ in range(cfg.ppo_epochs):
@@ -342,7 +340,12 @@ class PPOLearner:
             # TRL checks early stopping once per epoch, on the epoch's last minibatch (§2.7), with the policy KL
             # averaged over processes, so that every process stops at the same epoch (a process that stopped alone
             # would leave the others waiting in their next gradient exchange)
-            if early_stopping and trainee.processes.mean(stats[-1]["policykl"]) > 1.5 * target_kl:
+            if cfg.early_stopping and trainee.processes.mean(stats[-1]["policykl"]) > 1.5 * cfg.target_kl:
+                early_stop = True
+                break
+            # a trust region of the schedule's (§12.5): ½·mean (Δ log π)², a KL estimate that is never negative,
+            # unlike TRL's signed policy KL, which an update that raises the sampled tokens' log-probs drives below 0
+            if batch.kl_budget is not None and trainee.processes.mean(stats[-1]["approx_kl"]) > batch.kl_budget:
                 early_stop = True
                 break
         # 5. adaptive KL control on the batch-mean sequence KL (§2.8), as TRL: the mean over processes, counted as
