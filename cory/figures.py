@@ -147,7 +147,7 @@ def read_run_info(run_dir: str | Path, config_file: str | Path | None = None, su
 
     config = load(Path(config_file) if config_file else run_dir / RUN_CONFIG, yaml.safe_load)
     summary = load(Path(summary_file) if summary_file else run_dir / SUMMARY, json.loads)
-    # a run folder's Hydra record, or the copy beside a run's results (`scripts/run_sweep.py --results`)
+    # a run folder's Hydra record, or the copy beside a run's results (`cory-sweep --results`)
     overrides = load(run_dir / OVERRIDES, yaml.safe_load) or load(run_dir / Path(OVERRIDES).name, yaml.safe_load)
     return run_info(
         config if isinstance(config, Mapping) else None,

@@ -93,7 +93,9 @@ def parser(prog: str, doc: str | None) -> Parser:
 
 
 def compose(overrides: Sequence[str], hydra_config: bool = False):
-    """The config `cory-train <overrides>` composes, validated; a wrong key, option or value is a `ConfigError`."""
+    """The config `cory-train <overrides>` composes; a wrong key or option is a `ConfigError`, and so is a wrong
+    value of the job's config (`cory.config.validate`; with `hydra_config`, Hydra's own node, whose folder names
+    resolve only in a running job, the job validates itself when it runs)."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
@@ -104,7 +106,8 @@ def compose(overrides: Sequence[str], hydra_config: bool = False):
         cfg = cory_compose(list(overrides), hydra_config=hydra_config)
     except (HydraException, OmegaConfBaseException) as err:
         raise ConfigError(one_line(err).split(" Config search path:")[0]) from None  # the search path is noise
-    validate(cfg)
+    if not hydra_config:
+        validate(cfg)
     return cfg
 
 
