@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import importlib
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -52,9 +53,15 @@ def guard(run: Callable[..., int | None], *args, **kwargs) -> int:
 
 
 def write_error(err: OSError, flag: str = "--out") -> str:
-    """One line (without `error: `) for an output that could not be written."""
+    """One line (without `error: `) for an output that could not be written; a file where a folder belongs is named
+    as such (the system's "File exists" or "Not a directory" does not say which)."""
     where = f" {err.filename}" if err.filename else ""
-    return f"cannot write{where} ({err.strerror or type(err).__name__}); choose a writable {flag}"
+    why = err.strerror or type(err).__name__
+    if err.filename and err.errno in (errno.EEXIST, errno.ENOTDIR):
+        blocker = next((p for p in (Path(err.filename), *Path(err.filename).parents) if p.is_file()), None)
+        if blocker is not None:
+            why = f"{blocker} is a file, not a folder"
+    return f"cannot write{where} ({why}); choose a writable {flag}"
 
 
 @contextlib.contextmanager

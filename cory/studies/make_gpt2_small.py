@@ -151,12 +151,13 @@ def make(out: Path, tokenizer_dir: Path, seed: int, n_layer: int, n_head: int, n
         return out
     if out.exists() and not record.is_file():
         raise StudyError(f"--out {out} exists and was not written by this command; choose another folder")
+    with command.output(out):  # a folder that cannot be made is said before the model is built
+        out.parent.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(tokenizer_dir)
     model = build_model(len(tokenizer), tokenizer.eos_token_id, seed, n_layer, n_head, n_embd)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"[make_gpt2_small] {n_params / 1e6:.1f}M parameters, vocabulary {len(tokenizer)} → {out}", file=sys.stderr)
     with command.output(out):
-        out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
         try:
             model.save_pretrained(tmp)

@@ -73,9 +73,20 @@ def expand(overrides: list[str]) -> tuple[list[list[str]], object]:
         cfg = compose(fixed)
         params = [f"{k}={v}" for k, v in (cfg.hydra.sweeper.params or {}).items()]
         (jobs,) = BasicSweeper.split_arguments(parser.parse_overrides(params + overrides), max_batch_size=None)
-    except HydraException as err:  # a malformed override (`seed=0,,1`, a quote left open)
-        raise ConfigError(one_line(err)) from None
+    except HydraException as err:  # a malformed override (`seed=0,`, a quote left open): name it
+        bad = next((o for o in overrides if not _parses(parser, o)), None)
+        raise ConfigError(f"{bad}: {one_line(err)}" if bad else one_line(err)) from None
     return jobs, cfg
+
+
+def _parses(parser, override: str) -> bool:
+    from hydra.errors import HydraException
+
+    try:
+        parser.parse_overrides([override])
+    except HydraException:
+        return False
+    return True
 
 
 def job_folders(jobs: list[list[str]], root: Path, default_seed: int) -> list[Path]:
