@@ -283,7 +283,7 @@ def _readme_sweep_commands() -> list[list[str]]:
             continue
         if args[:3] == ["python", "-m", "cory.train"] and any(a.startswith("sweep=") for a in args):
             found.append([a for a in args[3:] if a != "-m"])
-        elif args[:1] == ["cory-sweep"]:
+        elif args[:1] == ["cory-sweep"] and any(a.startswith("sweep=") for a in args):
             found.append([a for a in args[1:] if "=" in a and not a.startswith("--")])
     return found
 

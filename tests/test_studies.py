@@ -112,20 +112,41 @@ def _blocked(tmp_path: Path) -> Path:
 GPT2 = ["--n-layer", "1", "--n-head", "1", "--n-embd", "8"]
 SMOKE = ["experiment=smoke"]
 
-# Each case: (main, argv, what the line must say); built in a tmp folder. `None`: the class does not apply (said why).
+# Each case: (main, argv, what the one line must say), built in a tmp folder; a string says why a class does not apply.
 Case = tuple[Callable, list[str], str]
 
 
+def _run_dir(tmp: Path, name: str, metrics: str) -> str:
+    """A run folder holding `metrics` as its metrics.jsonl."""
+    return str(_write(tmp / name / "metrics.jsonl", metrics).parent)
+
+
+def _summary_dir(tmp: Path, name: str, summary: dict | str) -> str:
+    text = summary if isinstance(summary, str) else json.dumps(summary)
+    return str(_write(tmp / name / "summary.json", text).parent)
+
+
+def _saved_curves(tmp: Path, mean: list) -> str:
+    curve = {"label": "a", "agent": "llm1", "split": "train", "metric": "kl", "iterations": [0], "mean": mean,
+             "low": [0], "high": [0], "seeds": [1]}  # fmt: skip
+    return str(_write(tmp / "c.json", json.dumps({"shared": {}, "curves": [curve], "groups": {}})))
+
+
+def _saved_points(tmp: Path, reward) -> str:
+    point = {"run": "r", "algorithm": "ppo", "kl_coef": 0.1, "seed": 0, "agent": "llm1", "task_reward": reward,
+             "kl": 1.0, "x": reward, "y": -1.0}  # fmt: skip
+    return str(_write(tmp / "f.json", json.dumps({"points": [point]})))
+
+
 def _cases(klass: str, tmp: Path) -> dict[str, Case | str]:
-    out = tmp / "out"
+    """Each command's input of `klass`: (main, argv, what the one line must say), or why the class does not apply."""
+    out, png = tmp / "out", str(tmp / "out" / "f.png")
     if klass == "empty":
         empty = tmp / "empty"
         empty.mkdir()
         return {
-            "plot curves": (plot_curves.main, [str(_write(tmp / "r" / "metrics.jsonl", "").parent), "--out", str(out)],
-                            "logged no task_reward"),
-            "plot frontier": (plot_frontier.main, [str(_write(tmp / "s" / "summary.json", "").parent), "--out",
-                                                   str(out / "f.png")], "none usable"),
+            "plot curves": (plot_curves.main, [_run_dir(tmp, "r", ""), "--out", str(out)], "logged no task_reward"),
+            "plot frontier": (plot_frontier.main, [_summary_dir(tmp, "s", ""), "--out", png], "none usable"),
             "report claim": (claim_report.main, [str(empty), "--out", str(out)], "no run results under"),
             "report family": (family_report.main, [str(empty), "--out", str(out)], "no finished run results"),
             "report paired": (paired_test.main, [str(_outcomes(tmp / "a", "").parent), str(tmp / "a")],
@@ -133,93 +154,101 @@ def _cases(klass: str, tmp: Path) -> dict[str, Case | str]:
             "measure reward-spread": (reward_spread.main, ["--batches", "0", *SMOKE], "--batches: 0 is below 1"),
             "measure stop-latency": (stop_latency.main, ["experiment="], "experiment"),
             "sweep": (run_sweep.main, ["--dir", str(out), "--jobs", "", *SMOKE], "--jobs: '' is not an integer"),
-            "gpt2-small": (make_gpt2_small.main, ["--tokenizer-dir", str(_tokenizer(tmp / "t", encoder="")),
-                                                  "--out", str(out), *GPT2], "is empty"),
+            "gpt2-small": (make_gpt2_small.main, ["--tokenizer-dir", str(_tokenizer(tmp / "t", encoder="")), "--out",
+                                                  str(out), *GPT2], "is empty"),
         }  # fmt: skip
     if klass == "partial":
+        unfinished_row = '{"iteration": 0, "train/ll'  # a kill cut the only line
+        no_agents = {"completed": True, "iterations": 2}
+        claim = _claim_results(tmp / "c")
+        for metrics in claim.rglob("metrics.jsonl"):  # completed runs whose metrics hold no held-out evaluation
+            metrics.write_text(_jsonl(_curve_rows()))
+        family = _family_results(tmp / "f", passk={"llm1": {"pass@1": 0.5}})  # scored with --ks 1 only
+        tokenizer = _tokenizer(tmp / "t", bpe="#version: 0.2\nh\n")  # a merge without its second token
         return {
-            "plot curves": (plot_curves.main, [str(_write(tmp / "r" / "metrics.jsonl", '{"iteration": 0, "train/ll')
-                                                   .parent), "--out", str(out)], "logged no task_reward"),
-            "plot frontier": (plot_frontier.main, [str(_write(tmp / "s" / "summary.json", json.dumps(
-                {"completed": True, "iterations": 2})).parent), "--out", str(out / "f.png")], "KeyError: 'agents'"),
-            "report claim": (claim_report.main, [str(_claim_results(tmp / "c", summary=json.dumps({"completed": True}))),
-                                                 "--out", str(out)], None),  # replaced below: metrics without evals
-            "report family": (family_report.main, [str(_family_results(tmp / "f", passk={"llm1": {"pass@1": 0.5}})),
-                                                   "--out", str(out)], "has no 'pass@4'"),
+            "plot curves": (plot_curves.main, [_run_dir(tmp, "r", unfinished_row), "--out", str(out)],
+                            "logged no task_reward"),
+            "plot frontier": (plot_frontier.main, [_summary_dir(tmp, "s", no_agents), "--out", png],
+                              "KeyError: 'agents'"),
+            "report claim": (claim_report.main, [str(claim), "--out", str(out)], "holds no held-out evaluation"),
+            "report family": (family_report.main, [str(family), "--out", str(out)], "has no 'pass@4'"),
             "report paired": (paired_test.main, [str(_outcomes(tmp / "a", _outcome_rows(keep=3)).parent),
                                                  str(tmp / "a")], "is not whole (3 of 4 problems)"),
             "measure reward-spread": (reward_spread.main, [*SMOKE, "algorithm=ppo"], "has no pioneer and observer"),
             "measure stop-latency": "its overrides are the run's whole input: nothing of it can be partial",
             "sweep": (run_sweep.main, ["--dir", str(out), *SMOKE, "seed=0,"], "seed=0,"),
-            "gpt2-small": (make_gpt2_small.main, ["--tokenizer-dir", str(_tokenizer(tmp / "t", bpe="#version: 0.2\nh\n")),
-                                                  "--out", str(out), *GPT2], "line 2: 'h' is not a merge"),
+            "gpt2-small": (make_gpt2_small.main, ["--tokenizer-dir", str(tokenizer), "--out", str(out), *GPT2],
+                           "line 2: 'h' is not a merge"),
         }  # fmt: skip
     if klass == "non-numeric":
+        claim = _claim_results(tmp / "c", reward="high")
+        family = _family_results(tmp / "f", summary=_summary(reward="0.5"))
+        tokenizer = _tokenizer(tmp / "t", encoder=json.dumps({"h": "zero", "<|endoftext|>": 1}))
         return {
-            "plot curves": (plot_curves.main, ["--from-json", str(_write(tmp / "c.json", json.dumps(
-                {"shared": {}, "curves": [{"label": "a", "agent": "llm1", "split": "train", "metric": "kl",
-                 "iterations": [0], "mean": ["x"], "low": [0], "high": [0], "seeds": [1]}], "groups": {}}))),
-                "--out", str(out / "c")], 'curve 0: mean is "x", not a number'),
-            "plot frontier": (plot_frontier.main, ["--from-json", str(_write(tmp / "f.json", json.dumps(
-                {"points": [{"run": "r", "algorithm": "ppo", "kl_coef": 0.1, "seed": 0, "agent": "llm1",
-                             "task_reward": "x", "kl": 1.0, "x": "x", "y": -1.0}]}))), "--out", str(out / "f.png")],
-                'point 0: task_reward is "x", not a number'),
-            "report claim": (claim_report.main, [str(_claim_results(tmp / "c", reward="high")), "--out", str(out)],
+            "plot curves": (plot_curves.main, ["--from-json", _saved_curves(tmp, ["x"]), "--out", str(out / "c")],
+                            'curve 0: mean is "x", not a number'),
+            "plot frontier": (plot_frontier.main, ["--from-json", _saved_points(tmp, "x"), "--out", png],
+                              'point 0: task_reward is "x", not a number'),
+            "report claim": (claim_report.main, [str(claim), "--out", str(out)],
                              'eval/llm1/task_reward is "high", not a number'),
-            "report family": (family_report.main, [str(_family_results(tmp / "f", summary=_summary(reward="0.5"))),
-                                                   "--out", str(out)], 'agents.llm1.task_reward is "0.5", not a number'),
+            "report family": (family_report.main, [str(family), "--out", str(out)],
+                              'agents.llm1.task_reward is "0.5", not a number'),
             "report paired": (paired_test.main, [str(_outcomes(tmp / "a", _outcome_rows(vote="yes")).parent),
                                                  str(tmp / "a")], 'problem 0: vote is "yes", not a number'),
             "measure reward-spread": (reward_spread.main, ["--batches", "two", *SMOKE], "--batches: 'two' is not"),
             "measure stop-latency": (stop_latency.main, [*SMOKE, "batch_size=many"], "batch_size"),
             "sweep": (run_sweep.main, ["--dir", str(out), "--threads", "x", *SMOKE], "--threads: 'x' is not"),
-            "gpt2-small": (make_gpt2_small.main, ["--tokenizer-dir", str(_tokenizer(tmp / "t", encoder=json.dumps(
-                {"h": "zero", "<|endoftext|>": 1}))), "--out", str(out), *GPT2], "has id \"zero\", not an integer"),
+            "gpt2-small": (make_gpt2_small.main, ["--tokenizer-dir", str(tokenizer), "--out", str(out), *GPT2],
+                           'has id "zero", not an integer'),
         }  # fmt: skip
     if klass == "nan":
+        claim = _claim_results(tmp / "c", kl=NAN)
+        family = _family_results(tmp / "f", summary=_summary(kl=NAN))
+        tokenizer = _tokenizer(tmp / "t", encoder=json.dumps({"h": NAN, "<|endoftext|>": 1}))
         return {
-            "plot curves": (plot_curves.main, [str(_write(tmp / "r" / "metrics.jsonl", _jsonl(_curve_rows(NAN)))
-                                                   .parent), "--out", str(out)], "logged no task_reward"),
-            "plot frontier": (plot_frontier.main, [str(_write(tmp / "s" / "summary.json", json.dumps(_summary(NAN)))
-                                                       .parent), "--out", str(out / "f.png")], "no finite task_reward"),
-            "report claim": (claim_report.main, [str(_claim_results(tmp / "c", kl=NAN)), "--out", str(out)],
-                             "eval/llm1/kl is NaN"),
-            "report family": (family_report.main, [str(_family_results(tmp / "f", summary=_summary(kl=NAN))),
-                                                   "--out", str(out)], "agents.llm1.kl is NaN"),
+            "plot curves": (plot_curves.main, [_run_dir(tmp, "r", _jsonl(_curve_rows(NAN))), "--out", str(out)],
+                            "logged no task_reward"),
+            "plot frontier": (plot_frontier.main, [_summary_dir(tmp, "s", _summary(NAN)), "--out", png],
+                              "no finite task_reward"),
+            "report claim": (claim_report.main, [str(claim), "--out", str(out)], "eval/llm1/kl is NaN"),
+            "report family": (family_report.main, [str(family), "--out", str(out)], "agents.llm1.kl is NaN"),
             "report paired": (paired_test.main, [str(_outcomes(tmp / "a", _outcome_rows(vote=NAN)).parent),
                                                  str(tmp / "a")], "problem 0: vote is NaN"),
             "measure reward-spread": (reward_spread.main, [*SMOKE, "algorithm.agent.learning_rate=nan"],
                                       "learning_rate"),
             "measure stop-latency": (stop_latency.main, [*SMOKE, "algorithm.agent.init_kl_coef=nan"], "init_kl_coef"),
             "sweep": (run_sweep.main, ["--dir", str(out), "--jobs", "nan", *SMOKE], "--jobs: 'nan' is not"),
-            "gpt2-small": (make_gpt2_small.main, ["--tokenizer-dir", str(_tokenizer(tmp / "t", encoder=json.dumps(
-                {"h": NAN, "<|endoftext|>": 1}))), "--out", str(out), *GPT2], "has id NaN, not an integer"),
+            "gpt2-small": (make_gpt2_small.main, ["--tokenizer-dir", str(tokenizer), "--out", str(out), *GPT2],
+                           "has id NaN, not an integer"),
         }  # fmt: skip
     if klass == "corrupt":
+        run = _run_dir(tmp, "r", _jsonl(_curve_rows()))
+        _write(Path(run) / ".hydra" / "overrides.yaml", "- [a\n")  # its Hydra record cut mid-list
+        outcomes = _write(tmp / "a" / "eval_outcomes.jsonl", "")
+        outcomes.write_bytes(b"\xff\xfe\x00garbage")  # not text
+        tokenizer = _tokenizer(tmp / "t", encoder='{"h": ')
         return {
-            "plot curves": (plot_curves.main, [str(_write(tmp / "r" / ".hydra" / "overrides.yaml", "- [a\n").parent
-                                                   .parent), "--out", str(out)], "overrides.yaml is not valid YAML"),
-            "plot frontier": (plot_frontier.main, ["--from-json", str(_write(tmp / "f.json", "[1, 2]")), "--out",
-                                                   str(out / "f.png")], "holds a list, not an object"),
+            "plot curves": (plot_curves.main, [run, "--out", str(out)], "overrides.yaml is not valid YAML"),
+            "plot frontier": (plot_frontier.main, ["--from-json", str(_write(tmp / "f.json", "[1, 2]")), "--out", png],
+                              "holds a list, not an object"),
             "report claim": (claim_report.main, [str(_claim_results(tmp / "c", summary="{")), "--out", str(out)],
                              "is not valid JSON"),
             "report family": (family_report.main, [str(_family_results(tmp / "f", summary="[]")), "--out", str(out)],
                               "holds a list, not an object"),
-            "report paired": (paired_test.main, [str(_write(tmp / "a" / "eval_outcomes.jsonl", "").parent),
-                                                 str(tmp / "a")], None),  # replaced below: bytes that are not text
+            "report paired": (paired_test.main, [str(tmp / "a"), str(tmp / "a")], "is not text"),
             "measure reward-spread": (reward_spread.main, [*SMOKE, "algorithm.agent.no_such_key=1"], "no_such_key"),
             "measure stop-latency": (stop_latency.main, [*SMOKE, "task=no_such_task"], "no_such_task"),
             "sweep": (run_sweep.main, ["--dir", str(out), *SMOKE, "no_such_key.x=1"], "no_such_key"),
-            "gpt2-small": (make_gpt2_small.main, ["--tokenizer-dir", str(_tokenizer(tmp / "t", encoder="{\"h\": ")),
-                                                  "--out", str(out), *GPT2], "is not valid JSON"),
+            "gpt2-small": (make_gpt2_small.main, ["--tokenizer-dir", str(tokenizer), "--out", str(out), *GPT2],
+                           "is not valid JSON"),
         }  # fmt: skip
     if klass == "unwritable":
         blocked = _blocked(tmp)
         return {
-            "plot curves": (plot_curves.main, [str(_write(tmp / "r" / "metrics.jsonl", _jsonl(_curve_rows())).parent),
-                                               "--out", str(blocked / "c")], "cannot write"),
-            "plot frontier": (plot_frontier.main, [str(_write(tmp / "s" / "summary.json", json.dumps(_summary()))
-                                                       .parent), "--out", str(blocked / "f.png")], "cannot write"),
+            "plot curves": (plot_curves.main, [_run_dir(tmp, "r", _jsonl(_curve_rows())), "--out", str(blocked / "c")],
+                            "a_file is a file, not a folder"),
+            "plot frontier": (plot_frontier.main, [_summary_dir(tmp, "s", _summary()), "--out",
+                                                   str(blocked / "f.png")], "a_file is a file, not a folder"),
             "report claim": (claim_report.main, [str(_claim_results(tmp / "c")), "--out", str(blocked)],
                              "cannot write"),
             "report family": (family_report.main, [str(_family_results(tmp / "f")), "--out", str(blocked)],
@@ -229,8 +258,8 @@ def _cases(klass: str, tmp: Path) -> dict[str, Case | str]:
                                                            "algorithm=cory"], "cannot write"),
             "measure stop-latency": "it writes only into a temporary folder of its own",
             "sweep": (run_sweep.main, ["--dir", str(blocked), *SMOKE], "cannot write"),
-            "gpt2-small": (make_gpt2_small.main, ["--tokenizer-dir", str(_tokenizer(tmp / "t")), "--out",
-                                                  str(blocked), *GPT2], "cannot write"),
+            "gpt2-small": (make_gpt2_small.main, ["--tokenizer-dir", str(_tokenizer(tmp / "t")), "--out", str(blocked),
+                                                  *GPT2], "cannot write"),
         }  # fmt: skip
     raise AssertionError(klass)
 
@@ -242,21 +271,10 @@ SLOW = {"measure reward-spread", "measure stop-latency"}  # they build the tiny 
 
 def _case(klass: str, name: str, tmp_path: Path) -> Case:
     cases = _cases(klass, tmp_path)
-    if klass == "corrupt":  # the run whose Hydra record is corrupt has its metrics
-        _write(tmp_path / "r" / "metrics.jsonl", _jsonl(_curve_rows()))
-    assert set(COMMANDS) <= set(cases), set(COMMANDS) - set(cases)  # every command is considered for every class
-    case = cases[name]
-    if isinstance(case, str):
-        pytest.skip(f"{name}: {case}")
-    main, argv, expect = case
-    if (klass, name) == ("partial", "report claim"):  # completed runs whose metrics hold no held-out evaluation
-        for metrics in (tmp_path / "c").rglob("metrics.jsonl"):
-            metrics.write_text(_jsonl(_curve_rows()))
-        expect = "holds no held-out evaluation of llm1"
-    if (klass, name) == ("corrupt", "report paired"):
-        (tmp_path / "a" / "eval_outcomes.jsonl").write_bytes(b"\xff\xfe\x00garbage")
-        expect = "is not text"
-    return main, argv, expect
+    assert set(cases) == set(COMMANDS)  # every command is considered for every class
+    if isinstance(cases[name], str):
+        pytest.skip(f"{name}: {cases[name]}")
+    return cases[name]
 
 
 def _refused(main: Callable, argv: list[str], expect: str, capsys, tmp_path: Path) -> None:
