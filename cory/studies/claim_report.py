@@ -206,7 +206,7 @@ def run(argv: Sequence[str] | None = None, prog: str = "cory-report claim") -> i
         arms = "; ".join(f"{arm}: {cory} and {ppo}" for arm, (cory, ppo) in ARMS.items())
         raise StudyError(
             f"no arm has a seed with both of its runs finished under {args.results} (arms: {arms}); "
-            "finish the sweep (`bash scripts/reproduce_claim.sh` continues it)"
+            "finish the sweep first (its `cory-sweep` command, run again, continues it)"
         )
     with command.output(args.out):
         args.out.mkdir(parents=True, exist_ok=True)

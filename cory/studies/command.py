@@ -33,15 +33,13 @@ class StudyError(Exception):
 
 def guard(run: Callable[..., int | None], *args, **kwargs) -> int:
     """`run(*args, **kwargs)`'s exit status, with every expected failure as one `error:` line (module docstring)."""
-    from cory.runs import WRITE_ERRNOS
-
     try:
         return run(*args, **kwargs) or 0
-    except StudyError as err:
-        message = one_line(err)
-    except USER_ERRORS as err:
+    except (StudyError, *USER_ERRORS) as err:
         message = one_line(err)
     except OSError as err:
+        from cory.runs import WRITE_ERRNOS  # here: cory.runs imports torch, which `--help` does not need
+
         if err.errno not in WRITE_ERRNOS:
             raise
         message = write_error(err)
