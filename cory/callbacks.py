@@ -82,7 +82,7 @@ class FrontierCallback(Callback):
             summarise_sweep(Path(str(config.hydra.sweep.dir)), config)
         except Exception as exc:  # noqa: BLE001 - the runs are done and intact; the summary is a convenience
             first = (str(exc).strip().splitlines() or [""])[0]
-            _warn(f"sweep summary failed ({type(exc).__name__}: {first}); draw it with scripts/plot_frontier.py")
+            _warn(f"sweep summary failed ({type(exc).__name__}: {first}); draw it with `cory-plot frontier`")
 
 
 def summarise_sweep(sweep_dir: Path, cfg: DictConfig) -> dict | None:

@@ -194,7 +194,7 @@ def _resume_args(values: dict[str, str], multirun: bool, overrides: list[str]) -
     runs.load_run_config(Path(folder), runs.targets_in(overrides))  # readable, and names only known targets
     # Hydra's snapshot of this start (the default config + the resume command) must not replace the run's own;
     # `hydra.mode=RUN`: one run, even when its first start named a sweep file (which sets MULTIRUN) in run mode,
-    # as `scripts/run_sweep.py` starts each job
+    # as `cory-sweep` starts each job
     run_dir = quote_path_override(f"hydra.run.dir={os.path.abspath(folder)}")
     return [run_dir, "hydra.output_subdir=.hydra/resumed", "hydra.mode=RUN"]
 

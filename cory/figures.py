@@ -13,6 +13,10 @@
 - CORY's role exchanges (Eq. 5) are vertical lines between the last iteration in the old roles and the first in
   the new (`swap_iterations` reads the logged `cory/swaps` counter; `mark_swaps` draws them).
 - `moving_mean` is the optional smoothing of training curves (the raw curve stays, faint).
+- Iterations are whole numbers: an iteration axis has integer ticks only (`iteration_axis`), never 0.25.
+- A quantity that barely moves is drawn as barely moving: `keep_span` gives an axis a minimum span relative to the
+  values (a 0.01 % drift of β is a flat line, not a full-height zigzag).
+- Settings in a legend are words (`setting_label`: `algorithm=cory seed=1` → `CORY, seed 1`), not overrides.
 """
 
 from __future__ import annotations
@@ -175,7 +179,7 @@ def read_run_info(run_dir: str | Path, config_file: str | Path | None = None, su
 
     config = load(Path(config_file) if config_file else run_dir / RUN_CONFIG, yaml.safe_load)
     summary = load(Path(summary_file) if summary_file else run_dir / SUMMARY, json.loads)
-    # a run folder's Hydra record, or the copy beside a run's results (`scripts/run_sweep.py --results`)
+    # a run folder's Hydra record, or the copy beside a run's results (`cory-sweep --results`)
     overrides = load(run_dir / OVERRIDES, yaml.safe_load) or load(run_dir / Path(OVERRIDES).name, yaml.safe_load)
     return run_info(
         config if isinstance(config, Mapping) else None,
@@ -228,6 +232,27 @@ def title(
     return "\n".join(p for p in (heading, *lines) if p)
 
 
+# how a setting reads in a legend: the algorithm by its figure name, η as in the titles, groups by name and value
+SETTING_WORDS = {"algorithm.agent.init_kl_coef": "η=", "task.eval_kl_coef": "η_eval=", "seed": "seed "}
+
+
+def setting_label(label: str) -> str:
+    """A group's settings in words: `algorithm=cory seed=1` (or comma-separated, as a sweep's folders name them)
+    → `CORY, seed 1`; `algorithm.agent.learning_rate=1e-05` → `learning rate 1e-05`. Text without `=` is kept."""
+    if "=" not in label:
+        return label
+    words = []
+    for part in re.split(r"[ ,](?=[\w.+~/-]+=)", label.strip()):
+        key, _, value = part.lstrip("+~").partition("=")
+        if key == "algorithm":
+            words.append(ALGORITHM_NAMES.get(value, value))
+        elif key in SETTING_WORDS:
+            words.append(f"{SETTING_WORDS[key]}{value}")
+        else:
+            words.append(f"{key.rsplit('.', 1)[-1].replace('_', ' ')} {value}")
+    return ", ".join(words)
+
+
 def shared(infos: Sequence[RunInfo], field: str) -> Any:
     """The value of `field` if every run that knows it agrees, else None."""
     values = {getattr(i, field) for i in infos if getattr(i, field) is not None}
@@ -267,6 +292,25 @@ def figure_legend(fig, axes: Iterable, *, fontsize: float = 8, ncols: int = 4, *
         return None
     options = {"loc": "outside lower center", "fontsize": fontsize, "ncols": min(ncols, len(entries))}
     return fig.legend(list(entries.values()), list(entries), **(options | kwargs))
+
+
+def iteration_axis(ax) -> None:
+    """Integer ticks on the x-axis: iterations are whole numbers (2 iterations do not get 0.25 steps)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
+
+
+def keep_span(ax, fraction: float = 0.2) -> None:
+    """A y-axis at least `fraction` of the data's magnitude tall, centred on the data: a value that drifts by 0.01 %
+    (β under an adaptive controller in a short run) is drawn flat, not stretched to the panel's full height."""
+    low, high = ax.dataLim.intervaly
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return
+    need = fraction * max(abs(low), abs(high))
+    if need > 0 and high - low < need:
+        middle = (low + high) / 2
+        ax.set_ylim(middle - need / 2, middle + need / 2)
 
 
 def no_data(ax) -> None:

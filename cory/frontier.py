@@ -1,13 +1,15 @@
 """The KL-vs-reward frontier (paper §3.2, Fig. 2c; docs/method.md §3.4): points, seed means, Pareto fronts, plot.
 
-Shared by `scripts/plot_frontier.py` and the multirun callback (`cory/callbacks.py`). A point is one (run, agent):
-x = the agent's final held-out task reward, y = −its final held-out KL_seq (each agent alone in the query-only
-role, docs/method.md §1.6), labelled by algorithm, KL coefficient η (`algorithm.agent.init_kl_coef`) and seed.
+Shared by `cory-plot frontier` (`cory.studies.plot_frontier`) and the multirun callback (`cory/callbacks.py`). A
+point is one (run, agent): x = the agent's final held-out task reward, y = −its final held-out KL_seq (each agent
+alone in the query-only role, docs/method.md §1.6), labelled by algorithm, KL coefficient η
+(`algorithm.agent.init_kl_coef`), seed, and what the run is: task, experiment and number of iterations.
 
-Points come from the `summary.json` of local run folders (`collect`) or from the runs of a W&B group through the
-W&B public API (`collect_wandb`, the same fields read from each run's config and summary). Points are averaged
-over seeds per (algorithm, η, agent); each algorithm's upper-right Pareto front (higher reward, lower KL) is
-drawn through its averaged points.
+Points come from the `summary.json` of local run folders (`collect`) or, through `cory-plot frontier --wandb`, from
+the runs of a W&B group. One figure is one study: points of several (task, experiment, iterations) say nothing
+against each other (`studies` separates them). Points are averaged over distinct seeds per (algorithm, η, agent):
+two runs of one seed are one seed, their mean (`aggregate`); each algorithm's upper-right Pareto front (higher
+reward, lower KL) is drawn through its averaged points.
 """
 
 from __future__ import annotations
@@ -38,11 +40,19 @@ def _num(value: Any) -> float | None:
 
 
 def make_point(
-    run: str, algorithm: str, kl_coef: Any, seed: Any, agent: str, metrics: Mapping, info: Any = None
+    run: str,
+    algorithm: str,
+    kl_coef: Any,
+    seed: Any,
+    agent: str,
+    metrics: Mapping,
+    info: Any = None,
+    iterations: Any = None,
 ) -> dict | None:
     """One frontier point, or None when the agent has no finite task reward and KL.
 
-    `info`: the run's `cory.figures.RunInfo` (task, experiment and reward unit, for the figure's title and axes).
+    `info`: the run's `cory.figures.RunInfo` (task, experiment and reward unit, for the figure's title and axes);
+    `iterations`: how long the run trained (runs of different lengths are different studies).
     """
     reward, kl = _num(metrics.get("task_reward")), _num(metrics.get("kl"))
     if reward is None or kl is None:
@@ -62,16 +72,25 @@ def make_point(
         "task": info.task,
         "experiment": info.experiment,
         "reward_unit": info.reward_unit,
+        "iterations": int(iterations) if isinstance(iterations, int) and not isinstance(iterations, bool) else None,
     }
 
 
-def collect(dirs: Iterable[str | Path]) -> list[dict]:
+def collect(dirs: Iterable[str | Path], skipped: list[str] | None = None) -> list[dict]:
     """One point per (run, agent) from every `summary.json` under `dirs` (a dir may itself be a run folder).
 
     A summary holds `algorithm`, `kl_coef`, `seed`, `iterations` and `agents: {id: {task_reward, kl,
     combined_reward}}` (written by `cory.trainer.Trainer`). Unreadable summaries, unfinished runs
-    (`completed: false`) and agents without a finite task reward and KL are skipped with a note on stderr.
+    (`completed: false`) and agents without a finite task reward and KL are skipped, each with a note: appended to
+    `skipped` when a list is given, else printed on stderr.
     """
+
+    def skip(note: str) -> None:
+        if skipped is None:
+            print(f"skipping {note}", file=sys.stderr)
+        else:
+            skipped.append(note)
+
     paths: set[Path] = set()
     for d in map(Path, dirs):
         if d.is_file() and d.name == "summary.json":
@@ -84,10 +103,10 @@ def collect(dirs: Iterable[str | Path]) -> list[dict]:
             summary = json.loads(path.read_text(encoding="utf-8"))
             agents = dict(summary["agents"])
         except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            print(f"skipping {path}: {type(exc).__name__}: {exc}", file=sys.stderr)
+            skip(f"{path}: {type(exc).__name__}: {' '.join(str(exc).split())}")
             continue
         if summary.get("completed") is False:
-            print(f"skipping {path}: the run stopped early (completed: false)", file=sys.stderr)
+            skip(f"{path}: the run stopped early (completed: false)")
             continue
         info = figures.read_run_info(path.parent)
         for agent, metrics in sorted(agents.items()):
@@ -97,62 +116,15 @@ def collect(dirs: Iterable[str | Path]) -> list[dict]:
                 summary.get("kl_coef"),
                 summary.get("seed"),
                 agent,
-                metrics or {},
+                metrics if isinstance(metrics, Mapping) else {},
                 info,
+                summary.get("iterations"),
             )
             if point is None:
-                print(f"skipping {path} agent {agent}: no finite task_reward/kl", file=sys.stderr)
+                skip(f"{path} agent {agent}: no finite task_reward/kl")
             else:
                 points.append(point)
     return points
-
-
-def collect_wandb(path: str, api: Any = None) -> list[dict]:
-    """One point per (run, agent) from the finished runs of a W&B group, `path` = "entity/project/group".
-
-    Reads each run's config (`algorithm._target_`, `algorithm.agent.init_kl_coef`, `seed`, `iterations`) and
-    summary (the last logged `eval/<agent>/{task_reward,kl,combined_reward}`, i.e. the final evaluation when the
-    summary's `_step` equals `iterations`). Sweep summary runs (`job_type="summary"`) and runs that did not finish
-    are skipped. `api`: a `wandb.Api()`-like object (tests pass a fake; None builds the real one).
-    """
-    parts = path.strip("/").split("/")
-    if len(parts) != 3 or not all(parts):
-        raise ValueError(f"--wandb {path}: expected entity/project/group")
-    entity, project, group = parts
-    if api is None:
-        import wandb
-
-        api = wandb.Api()
-    points = []
-    for run in api.runs(f"{entity}/{project}", filters={"group": group}):
-        name = "/".join(getattr(run, "path", None) or [entity, project, str(getattr(run, "id", "?"))])
-        if getattr(run, "job_type", None) == "summary":
-            continue
-        config, summary = dict(run.config), _as_dict(run.summary)
-        iterations = config.get("iterations")
-        state = getattr(run, "state", "finished")
-        if state != "finished" or summary.get("_step") != iterations:
-            why = f"state {state}" if state != "finished" else f"stopped at iteration {summary.get('_step')}"
-            print(f"skipping {name}: no final evaluation ({why} of {iterations})", file=sys.stderr)
-            continue
-        algorithm_cfg = config.get("algorithm") or {}
-        algorithm = str(algorithm_cfg.get("_target_", "?")).rsplit(".", 1)[-1].lower()
-        kl_coef = (algorithm_cfg.get("agent") or {}).get("init_kl_coef")
-        agents = sorted({key.split("/")[1] for key in summary if key.startswith("eval/") and key.count("/") == 2})
-        info = figures.run_info(config)
-        for agent in agents:
-            metrics = {m: summary.get(f"eval/{agent}/{m}") for m in METRICS}
-            point = make_point(name, algorithm, kl_coef, config.get("seed"), agent, metrics, info)
-            if point is not None:
-                points.append(point)
-    return points
-
-
-def _as_dict(summary: Any) -> dict:
-    """A W&B summary (dict-like, not always a dict) as a plain dict."""
-    if isinstance(summary, Mapping):
-        return dict(summary)
-    return {key: summary[key] for key in summary.keys()}
 
 
 def _xy(point: Any) -> tuple[float, float]:
@@ -176,19 +148,45 @@ def pareto_front(points: Sequence) -> list:
 
 
 def aggregate(points: list[dict]) -> list[dict]:
-    """Mean and population std (0 for one seed) over seeds per (algorithm, kl_coef, agent), `n` = seeds."""
+    """Mean and population std (0 for one seed) over distinct seeds per (algorithm, kl_coef, agent); `n` = the
+    distinct seeds, `runs` = the runs behind them. Runs of one seed (a rerun, a second copy) are one seed: their
+    mean is that seed's value, so they neither count twice nor narrow the spread."""
     groups: dict[tuple, list[dict]] = {}
     for p in points:
         groups.setdefault((p["algorithm"], p["kl_coef"], p["agent"]), []).append(p)
     out = []
     for (algorithm, kl_coef, agent), group in sorted(groups.items(), key=lambda kv: _sort_key(kv[0])):
-        row = {"algorithm": algorithm, "kl_coef": kl_coef, "agent": agent, "n": len(group)}
+        by_seed: dict[str, list[dict]] = {}
+        for p in group:
+            by_seed.setdefault(json.dumps(p["seed"]), []).append(p)
+        row = {"algorithm": algorithm, "kl_coef": kl_coef, "agent": agent, "n": len(by_seed), "runs": len(group)}
         for name in METRICS:
-            values = [p[name] for p in group if p[name] is not None]
+            seeds = [[p[name] for p in runs if p[name] is not None] for runs in by_seed.values()]
+            values = [statistics.fmean(v) for v in seeds if v]
             row[name] = statistics.fmean(values) if values else None
             row[f"{name}_std"] = statistics.pstdev(values) if len(values) > 1 else 0.0
         row["x"], row["y"] = row["task_reward"], -row["kl"]
         out.append(row)
+    return out
+
+
+def study(point: Mapping) -> tuple:
+    """What a point's run is, beyond its method and seed: (task, experiment, iterations); None where unknown."""
+    return (point.get("task"), point.get("experiment"), point.get("iterations"))
+
+
+def describe_study(key: tuple) -> str:
+    task, experiment, iterations = key
+    return " · ".join(
+        [f"task {task or '?'}", f"experiment {experiment or '?'}", f"{'?' if iterations is None else iterations} it."]
+    )
+
+
+def studies(points: list[dict]) -> dict[tuple, list[dict]]:
+    """The points of each study (`study`), in order of first appearance."""
+    out: dict[tuple, list[dict]] = {}
+    for p in points:
+        out.setdefault(study(p), []).append(p)
     return out
 
 
@@ -227,7 +225,7 @@ def format_table(aggregated: list[dict], front: dict[str, list[dict]]) -> str:
                 row["algorithm"],
                 "-" if row["kl_coef"] is None else f"{row['kl_coef']:g}",
                 row["agent"],
-                str(row["n"]),
+                str(row["n"]) if row.get("runs", row["n"]) == row["n"] else f"{row['n']} ({row['runs']} runs)",
                 *(fmt(row[m], row[f"{m}_std"], row["n"]) for m in METRICS),
                 "*" if id(row) in on_front else "",
             )
@@ -291,15 +289,12 @@ def draw_frontier(points: list[dict], title: str | None = None) -> tuple[Any, di
                 linestyle="none",
                 label=f"{figures.ALGORITHM_NAMES.get(algorithm, algorithm)} · {agent}",
             )
-            for row in rows:
-                if row["kl_coef"] is not None:
-                    ax.annotate(f"{row['kl_coef']:g}", (row["x"], row["y"]), textcoords="offset points",
-                                xytext=(6, 5), fontsize=7, color=colors[algorithm])  # fmt: skip
     for algorithm, rows in front.items():
         name = figures.ALGORITHM_NAMES.get(algorithm, algorithm)
         ax.plot([r["x"] for r in rows], [r["y"] for r in rows], color=colors[algorithm], lw=1.5, alpha=0.8, marker="o",
                 ms=14 + 5 * sizes[algorithm], mfc="none", mew=1.2, label=f"{name} front (ringed)")  # fmt: skip
-    figures.outside_legend(ax, title="η next to each point", title_fontsize=8)
+    eta_title = _eta_labels(ax, aggregated, colors)
+    figures.outside_legend(ax, title=eta_title, title_fontsize=8)
     unit = figures.shared([figures.RunInfo(reward_unit=p.get("reward_unit")) for p in points], "reward_unit")
     ax.set_xlabel(figures.with_unit("held-out task reward", unit))
     ax.set_ylabel(figures.with_unit("− held-out KL_seq", figures.KL_UNIT))
@@ -313,6 +308,42 @@ def draw_frontier(points: list[dict], title: str | None = None) -> tuple[Any, di
     heading = title or "KL–reward frontier"  # lines of 80 characters: the axes leave the legend a third of the width
     ax.set_title(figures.title(infos, heading=heading, note=note, width=80), fontsize=10)
     return fig, {"aggregated": aggregated, "fronts": front, "joint_front": joint}
+
+
+ETA_STEP = 9  # points between two η labels stacked at one place (7-point text)
+
+
+def _eta_labels(ax, aggregated: list[dict], colors: dict[str, str]) -> str | None:
+    """η next to each mean, in its method's colour, none written over another; returns the legend's title.
+
+    One η for every point: no label at all, the title says it. Otherwise each label goes up-right of its point,
+    raised by `ETA_STEP` points above any label already written there (two methods' means at one place); the same
+    η in the same colour at one place is written once.
+    """
+    rows = [r for r in aggregated if r["kl_coef"] is not None]
+    etas = {r["kl_coef"] for r in rows}
+    if not etas:
+        return None
+    if len(etas) == 1 and len(rows) == len(aggregated):
+        return f"η = {etas.pop():g} at every point"
+    ax.autoscale_view()  # the final data limits: where each label lands in the axes
+    (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
+    height_pt = ax.get_position().height * ax.figure.get_figheight() * 72
+    width_pt = ax.get_position().width * ax.figure.get_figwidth() * 72
+    placed: list[tuple[float, float, str, str]] = []  # (x, y of the label's corner in points, text, colour)
+    for row in rows:
+        text, color = f"{row['kl_coef']:g}", colors[row["algorithm"]]
+        x = (row["x"] - x0) / ((x1 - x0) or 1.0) * width_pt
+        y = (row["y"] - y0) / ((y1 - y0) or 1.0) * height_pt
+        if any(abs(x - px) < 1 and abs(y - py) < 1 and (text, color) == (pt, pc) for px, py, pt, pc in placed):
+            continue  # already written here
+        level = 0
+        while any(abs(x - px) < 5 * len(text) and abs(y + level * ETA_STEP - py) < ETA_STEP for px, py, *_ in placed):
+            level += 1
+        placed.append((x, y + level * ETA_STEP, text, color))
+        ax.annotate(text, (row["x"], row["y"]), textcoords="offset points", xytext=(6, 5 + level * ETA_STEP),
+                    fontsize=7, color=color)  # fmt: skip
+    return "η next to each point"
 
 
 def _nested_sizes(aggregated: list[dict], algorithms: list[str], near: float = 0.02) -> dict[str, int]:

@@ -7,14 +7,18 @@
 2. KL_seq to π0 in nats: `train/<agent>/kl` (plus `eval/<agent>/kl` markers and the by-role curves);
 3. combined reward r − η_eval·KL_seq, with the run's η_eval: `train/<agent>/combined_reward` lines,
    `eval/<agent>/combined_reward` markers;
-4. KL coefficient β: `train/<agent>/kl_coef`.
+4. KL coefficient β: `train/<agent>/kl_coef`, on an axis at least ±10 % of β tall (`cory.figures.keep_span`), so
+   an adaptive controller's 0.01 % drift reads as the flat line it is.
 
-Title, axis units, the legend (below the panels) and the role-swap marks (CORY's logged `cory/swaps`) follow
-`cory.figures`, reading the run's `run_config.yaml` / `summary.json` beside the metrics. `smooth` > 1 draws a
-trailing moving mean over that many iterations with the raw curve faint behind. Agents are discovered from the
-keys, so the same function serves PPO (one agent) and CORY (llm1, llm2). Missing keys, `null` values, malformed
-lines and single-row files are all tolerated; an empty panel says "no data". Uses matplotlib's Agg canvas directly
-(no pyplot state, no display needed).
+The by-role curves are wide faint strokes drawn under the agents' lines: in CORY the pioneer's curve is, iteration by
+iteration, one agent's own curve, and a line drawn on top of it would hide that agent.
+
+Title, axis units, integer iteration ticks, the legend (below the panels) and the role-swap marks (CORY's logged
+`cory/swaps`) follow `cory.figures`, reading the run's `run_config.yaml` / `summary.json` beside the metrics.
+`smooth` > 1 draws a trailing moving mean over that many iterations with the raw curve faint behind. Agents are
+discovered from the keys, so the same function serves PPO (one agent) and CORY (llm1, llm2). Missing keys, `null`
+values, malformed lines and single-row files are all tolerated; an empty panel says "no data". Uses matplotlib's Agg
+canvas directly (no pyplot state, no display needed).
 """
 
 from __future__ import annotations
@@ -94,7 +98,9 @@ def draw_curves(metrics_jsonl: Path, smooth: int = 0, info: figures.RunInfo | No
     info = info or figures.read_run_info(metrics_jsonl.parent)
     agents = discover_agents(data)
     colors = {agent: f"C{i % 10}" for i, agent in enumerate(agents)}
-    role_styles = {"pioneer": ("k", "--"), "observer": ("0.5", ":")}  # other roles: grey dash-dot
+    # under the agents' lines (zorder 1 < 2), wide and faint: the agent holding the role shows through; a chain's
+    # third role and a team's actors take the colours after these
+    role_styles = {"pioneer": {"color": "k"}, "observer": {"color": "tab:olive"}}
     swap_steps = swaps(data)
     labels = panel_labels(info)
 
@@ -117,13 +123,19 @@ def draw_curves(metrics_jsonl: Path, smooth: int = 0, info: figures.RunInfo | No
         for role in ROLES if with_roles else ():
             if role_key(role, name) in data:
                 xs, ys = data[role_key(role, name)]
-                color, style = role_styles.get(role, ("0.7", "-."))
-                draw_line(ax, xs, ys, smooth, color=color, ls=style, lw=1, alpha=0.8, label=f"{role} (by role)")
+                ys = figures.moving_mean(ys, smooth) if smooth > 1 else ys  # smoothed as the agents' lines are
+                others = ("tab:purple", "tab:brown", "tab:pink", "tab:cyan")
+                style = role_styles.get(role, {"color": others[ROLES.index(role) % len(others)]})
+                ax.plot(xs, ys, **style, lw=6, alpha=0.22, zorder=1, solid_capstyle="round",
+                        label=f"{role} (by role)")  # fmt: skip
                 drawn = True
         if drawn:
             figures.mark_swaps(ax, swap_steps)
         else:
             figures.no_data(ax)
+        if name == "kl_coef":
+            figures.keep_span(ax, 0.2)
+        figures.iteration_axis(ax)
         ax.set_title(labels[name][0])
         ax.set_ylabel(labels[name][1])
         ax.grid(alpha=0.3)

@@ -3,7 +3,7 @@
     python scripts/benchmark.py                                   # experiment=smoke, 3 timed iterations
     python scripts/benchmark.py --iterations 3 experiment=quickstart
     python scripts/benchmark.py --repeat 3 experiment=bench_gpt2_small \
-        model.name_or_path=$(python scripts/make_gpt2_small.py)
+        model.name_or_path=$(cory-gpt2-small)
     python scripts/benchmark.py --repeat 3 --compare-ref main ...          # this checkout against commit `main`
 
 Each run is `cory.train.train` for `warmup + iterations` iterations in a fresh subprocess (peak memory is per

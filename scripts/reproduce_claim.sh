@@ -20,5 +20,5 @@ ARMS=()
 if [ "${ARM_C:-0}" = 1 ]; then  # the same sweep with a fourth experiment (same folders: finished runs are kept)
   ARMS=(experiment=imdb_claim_ppo,imdb_claim_cory_released,imdb_claim_cory,imdb_claim_ppo_released)
 fi
-$PY scripts/run_sweep.py --dir "$OUT/runs" --results "$OUT/results" --jobs "$JOBS" sweep=imdb_claim "${ARMS[@]}" "$@"
-$PY scripts/claim_report.py "$OUT/results" --out "$OUT"
+$PY -m cory.studies.run_sweep --dir "$OUT/runs" --results "$OUT/results" --jobs "$JOBS" sweep=imdb_claim "${ARMS[@]}" "$@"
+$PY -m cory.studies.claim_report "$OUT/results" --out "$OUT"

@@ -6,10 +6,10 @@
 # then draws the curves (η = 0.1, 2 seeds) and the frontier into $OUT (PNG/PDF/JSON/CSV). Two runs at a time, one
 # torch thread each (8 runs: about 2–3 hours on 2 idle cores).
 # Resumable: run it again after a kill (or Ctrl-C) and finished runs are skipped, stopped ones resume from their
-# last checkpoint (scripts/run_sweep.py). Extra arguments are overrides for every run, e.g. a quick trial:
+# last checkpoint (`cory-sweep`). Extra arguments are overrides for every run, e.g. a quick trial:
 #   bash scripts/reproduce_cpu.sh iterations=2 seed=0          (OUT=... to write elsewhere)
 # The pilot that set the learning rate of experiment=cpu_imdb (PPO, β = 0.1, 20 iterations, held-out every 5):
-#   python scripts/run_sweep.py --dir outputs/reproduction/pilot experiment=cpu_imdb iterations=20 eval_every=5 \
+#   cory-sweep --dir outputs/reproduction/pilot experiment=cpu_imdb iterations=20 eval_every=5 \
 #     seed=0 algorithm=ppo algorithm.agent.learning_rate=1e-5,3e-5,1e-4
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,9 +23,9 @@ export TRANSFORMERS_OFFLINE=${TRANSFORMERS_OFFLINE:-1} WANDB_MODE=${WANDB_MODE:-
 BETA=0.1  # the curves' β: cpu_imdb's, unless the arguments choose another
 for arg in "$@"; do case "$arg" in algorithm.agent.init_kl_coef=*) BETA=${arg#*=} ;; esac; done
 
-$PY scripts/run_sweep.py --dir "$OUT/runs/frontier" --jobs "$JOBS" experiment="$EXPERIMENT" sweep=cpu_imdb_frontier "$@"
-$PY scripts/run_sweep.py --dir "$OUT/runs/curves" --jobs "$JOBS" experiment="$EXPERIMENT" sweep=cpu_imdb_curves seed=1 "$@"
-$PY scripts/plot_curves.py "$OUT/runs/curves" "$OUT/runs/frontier" --where algorithm.agent.init_kl_coef="$BETA" \
+$PY -m cory.studies.run_sweep --dir "$OUT/runs/frontier" --jobs "$JOBS" experiment="$EXPERIMENT" sweep=cpu_imdb_frontier "$@"
+$PY -m cory.studies.run_sweep --dir "$OUT/runs/curves" --jobs "$JOBS" experiment="$EXPERIMENT" sweep=cpu_imdb_curves seed=1 "$@"
+$PY -m cory.studies.plot_curves "$OUT/runs/curves" "$OUT/runs/frontier" --where algorithm.agent.init_kl_coef="$BETA" \
   --out "$OUT/curves" | tee "$OUT/curves.txt"
-$PY scripts/plot_frontier.py "$OUT/runs/frontier" --out "$OUT/frontier.png" --csv "$OUT/frontier.csv" \
+$PY -m cory.studies.plot_frontier "$OUT/runs/frontier" --out "$OUT/frontier.png" --csv "$OUT/frontier.csv" \
   --json "$OUT/frontier.json" | tee "$OUT/frontier.txt"

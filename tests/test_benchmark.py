@@ -1,7 +1,7 @@
-"""The speed instruments: `scripts/benchmark.py` and `scripts/make_gpt2_small.py` (no timing is asserted here).
+"""The speed instruments: `scripts/benchmark.py` and `cory-gpt2-small` (no timing is asserted here).
 
 `benchmark.py` runs each algorithm in its own process; the end-to-end test below spawns 4 of them (about 30 s
-of CPU). `make_gpt2_small.py` is tested with a hand-made byte-level vocabulary
+of CPU). `cory-gpt2-small` (`cory/studies/make_gpt2_small.py`) is tested with a hand-made byte-level vocabulary
 instead of GPT-2's (no npm in tests) and a 2-layer model instead of 124M parameters.
 """
 
@@ -19,6 +19,8 @@ import pytest
 import torch
 from helpers.compose import compose_cfg
 
+from cory.studies import make_gpt2_small
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -30,11 +32,10 @@ def _load(name: str):
 
 
 benchmark = _load("benchmark")
-make_gpt2_small = _load("make_gpt2_small")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# make_gpt2_small.py
+# cory-gpt2-small
 # ---------------------------------------------------------------------------------------------------------------------
 def _write_tiny_gpt2_tokenizer_files(folder: Path) -> Path:
     """GPT-2's file formats with a tiny vocabulary: the 256 byte symbols, 3 merges and <|endoftext|>."""
@@ -55,7 +56,7 @@ def _make(tmp_path: Path, out: Path, seed: int = 0) -> subprocess.CompletedProce
     tok_dir = tmp_path / "tok"
     if not tok_dir.exists():
         _write_tiny_gpt2_tokenizer_files(tok_dir)
-    cmd = [sys.executable, "scripts/make_gpt2_small.py", "--out", str(out), "--tokenizer-dir", str(tok_dir)]
+    cmd = [sys.executable, "-m", "cory.studies.make_gpt2_small", "--out", str(out), "--tokenizer-dir", str(tok_dir)]
     cmd += ["--seed", str(seed), "--n-layer", "2", "--n-head", "2", "--n-embd", "32"]
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
 
@@ -99,7 +100,15 @@ def test_same_seed_same_weights_other_seed_other_weights_and_a_rerun_is_a_no_op(
 def test_make_gpt2_small_errors_are_one_line(tmp_path):
     bad = tmp_path / "bad"
     bad.mkdir()
-    cmd = [sys.executable, "scripts/make_gpt2_small.py", "--out", str(tmp_path / "m"), "--tokenizer-dir", str(bad)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "cory.studies.make_gpt2_small",
+        "--out",
+        str(tmp_path / "m"),
+        "--tokenizer-dir",
+        str(bad),
+    ]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"error: --tokenizer-dir {bad}: missing encoder.json, vocab.bpe"

@@ -44,15 +44,6 @@ SWEEP_EXPERIMENT = {
 }
 
 
-def _load_script(name: str):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def wandb_records(run_file: Path) -> list:
     """The protobuf records of an offline `run-<id>.wandb` file (W&B's LevelDB-style log: a 7-byte file header,
     32 KiB blocks of chunks, each chunk `crc32 u32, length u16, type u8` + data; FULL=1, FIRST=2, MIDDLE=3, LAST=4)."""
@@ -198,7 +189,7 @@ def test_callback_failure_is_one_warning_and_never_fails_the_sweep(tmp_path, mon
     callbacks.FrontierCallback().on_multirun_end(cfg)
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["[cory] WARNING: sweep summary failed (OSError: No space left on device); draw it with "
-                   "scripts/plot_frontier.py"]  # fmt: skip
+                   "`cory-plot frontier`"]  # fmt: skip
 
 
 def test_callback_without_finished_runs_warns_and_writes_nothing(tmp_path, capsys):
@@ -253,7 +244,8 @@ def test_sweep_files_follow_the_convention():
 
 @pytest.mark.parametrize("sweep", SWEEPS)
 def test_every_job_of_every_sweep_composes_with_its_swept_values(sweep):
-    run_sweep = _load_script("run_sweep")
+    from cory.studies import run_sweep
+
     experiment = SWEEP_EXPERIMENT[sweep]
     if experiment and not (Path(CONF_DIR) / "experiment" / f"{experiment}.yaml").exists():
         pytest.skip(f"experiment={experiment} is not in this checkout yet")
@@ -277,27 +269,29 @@ def test_every_job_of_every_sweep_composes_with_its_swept_values(sweep):
 
 def _readme_sweep_commands() -> list[list[str]]:
     """The overrides of every sweep command the README and the docs pages print (`python -m cory.train -m ...` with
-    `sweep=`, and `python scripts/run_sweep.py ...`), in backticks or in code blocks."""
+    `sweep=`, and `cory-sweep ...`), in backticks or in code blocks."""
     import re
     import shlex
 
     pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
     text = "\n".join(page.read_text() for page in pages)
     found = []
-    for line in re.findall(r"`(python [^`]+)`", text) + re.findall(r"^(python [^\n#]+)", text, flags=re.M):
+    commands = r"(?:python|cory-sweep) "
+    for line in re.findall(rf"`({commands}[^`]+)`", text) + re.findall(rf"^({commands}[^\n#]+)", text, flags=re.M):
         args = shlex.split(line.strip())
         if any("<" in a for a in args):  # a pattern (`experiment=<exp>`), not a command
             continue
         if args[:3] == ["python", "-m", "cory.train"] and any(a.startswith("sweep=") for a in args):
             found.append([a for a in args[3:] if a != "-m"])
-        elif args[:2] == ["python", "scripts/run_sweep.py"]:
-            found.append([a for a in args[2:] if "=" in a and not a.startswith("--")])
+        elif args[:1] == ["cory-sweep"] and any(a.startswith("sweep=") for a in args):
+            found.append([a for a in args[1:] if "=" in a and not a.startswith("--")])
     return found
 
 
 @pytest.mark.long
 def test_every_sweep_command_of_the_readme_composes():
-    run_sweep = _load_script("run_sweep")
+    from cory.studies import run_sweep
+
     commands = _readme_sweep_commands()
     assert len(commands) >= 8  # the reproduction table, the GSM8K sweeps are prose; the cluster block; the cookbook
     for overrides in commands:

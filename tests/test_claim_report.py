@@ -1,19 +1,18 @@
-"""The IMDB claim study's statistics (`scripts/claim_report.py`), on hand-made run results with hand-computed
-intervals: the paired per-seed differences, the t interval, the verdict rules and the flatness gate."""
+"""The IMDB claim study's statistics (`cory-report claim`, `cory/studies/claim_report.py`), on hand-made run results
+with hand-computed intervals: the paired per-seed differences, the t interval, the verdict rules and the flatness
+gate; the committed report is what the committed runs give."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
 
 import pytest
 
+from cory.studies import claim_report, reward_spread
+
 REPO = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("claim_report", REPO / "scripts" / "claim_report.py")
-claim_report = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(claim_report)
 
 T_975_2 = 4.302652729911275  # Student t, 97.5 % quantile, 2 degrees of freedom
 
@@ -87,7 +86,13 @@ def test_too_few_flat_or_finished_seeds_make_every_verdict_undecided(tmp_path):
 
 def test_the_report_writes_its_files_and_refuses_an_empty_folder(tmp_path, capsys):
     assert claim_report.main([str(tmp_path / "none"), "--out", str(tmp_path / "out")]) == 2
-    assert "no run results" in capsys.readouterr().out
+    assert (
+        capsys.readouterr().err
+        == f"error: no such folder: {tmp_path / 'none'}; pass the --results folder of the sweep\n"
+    )
+    (tmp_path / "empty").mkdir()
+    assert claim_report.main([str(tmp_path / "empty"), "--out", str(tmp_path / "out")]) == 2
+    assert "no run results under" in capsys.readouterr().err and not (tmp_path / "out").exists()
     for seed in range(2):
         _run(tmp_path / "r", "imdb_claim_ppo", seed, [(0.0, 0.0), (1.0, 8.0)])
         _run(tmp_path / "r", "imdb_claim_cory_released", seed, [(0.0, 0.0), (1.0, 3.0)])
@@ -99,11 +104,17 @@ def test_the_report_writes_its_files_and_refuses_an_empty_folder(tmp_path, capsy
     ).read_text()
 
 
+def test_the_committed_report_is_what_the_committed_runs_give(tmp_path, capsys):
+    """`outputs/claim/claim.{md,json}` are `cory-report claim outputs/claim/results --out outputs/claim`, byte for
+    byte (the verdicts docs/results.md states come from them)."""
+    assert claim_report.main([str(REPO / "outputs" / "claim" / "results"), "--out", str(tmp_path)]) == 0
+    for name in ("claim.md", "claim.json"):
+        assert (tmp_path / name).read_text() == (REPO / "outputs" / "claim" / name).read_text(), name
+
+
 def test_reward_spread_plays_the_runs_first_batches_without_learning(tmp_path):
-    """`scripts/reward_spread.py` on the tiny model: one batch of the run's schedule, both roles scored, no update."""
-    spec = importlib.util.spec_from_file_location("reward_spread", REPO / "scripts" / "reward_spread.py")
-    reward_spread = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(reward_spread)
+    """`cory-measure reward-spread` on the tiny model: one batch of the run's schedule, both roles scored, no
+    update."""
     out = tmp_path / "spread.json"
     assert reward_spread.main(["--batches", "2", "--out", str(out), "experiment=smoke", "algorithm=cory"]) == 0
     result = json.loads(out.read_text())

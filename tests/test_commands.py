@@ -3,8 +3,9 @@
 Commands are collected from the code blocks and inline code spans of `README.md` and `docs/*.md` and from
 `scripts/*.sh`: every
 `python -m cory.<module> ...` (also behind `$PY`, `.venv/bin/python`, `accelerate launch` or `torchrun`),
-every `python scripts/<name>.py ...`, `make <target>` and `bash scripts/<name>.sh`. A new command (GSM8K,
-figures, MAFT) is covered as soon as it is printed.
+every installed study command (`cory-plot`, `cory-report`, `cory-measure`, `cory-sweep`, `cory-gpt2-small`:
+pyproject.toml's `[project.scripts]` into `cory.studies`), every `python scripts/<name>.py ...`, `make <target>`
+and `bash scripts/<name>.sh`. A new command (GSM8K, figures, MAFT) is covered as soon as it is printed.
 
 - `python -m cory.train`: the command composes with Hydra's compose API, every job of a `-m` sweep and of a
   `sweep=` file, and each job's config validates (as if CUDA were present: GPU commands are composed, not run;
@@ -12,6 +13,9 @@ figures, MAFT) is covered as soon as it is printed.
   whose jobs are all CPU-tiny (`model=tiny_gpt2`) and that uses the basic launcher is also run, in-process,
   with its output folder in a tmp folder (other launchers are run by tests/test_sweeps.py).
 - another `python -m cory.<module>`: `--cfg job` composes it through its own entrypoint.
+- a study command (`cory-plot curves ...`, `python -m cory.studies.<module> ...`): the command and its sub-command
+  exist, its `--help` lists every flag the command uses, and the Hydra overrides it passes on compose and validate
+  (each job of a `cory-sweep`).
 - `python scripts/<name>.py`: the script exists, its `--help` lists every flag the command uses, and the Hydra
   overrides it passes on compose.
 - `make <target>`, `bash scripts/<name>.sh`: the target or the script exists.
@@ -26,6 +30,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tomllib
 from functools import cache
 from pathlib import Path
 
@@ -42,6 +47,12 @@ from cory.errors import ConfigError
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = re.compile(r"(^|/)python3?$")
 LAUNCHERS = {"accelerate", "torchrun"}  # `<launcher> [flags] -m cory.train ...`
+# the installed study commands: console name → module (`cory-plot` → `cory.studies.plot`)
+STUDY_COMMANDS = {
+    name: target.split(":")[0]
+    for name, target in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"].items()
+    if target.startswith("cory.studies.")
+}
 
 
 def _shell_lines(text: str) -> list[str]:
@@ -110,8 +121,12 @@ def _kind(line: str) -> str | None:
     if not tokens:
         return None
     head = tokens[0]
+    if head in STUDY_COMMANDS:
+        return f"study:{STUDY_COMMANDS[head]}"
     if PYTHON.search(head) or head in LAUNCHERS:
         after = tokens[tokens.index("-m", 1) + 1 :] if "-m" in tokens[1:] else []
+        if after and after[0].startswith("cory.studies."):
+            return f"study:{after[0]}"
         if after:  # `python -m <module>`: the first -m names the module, a later one is Hydra's multirun flag
             return f"module:{after[0]}" if after[0].startswith("cory.") else None
         script = next((t for t in tokens[1:] if t.startswith("scripts/") and t.endswith(".py")), None)
@@ -131,7 +146,8 @@ def test_the_readme_and_scripts_print_the_commands_this_file_checks():
     """The collector sees the paper commands, the cookbook, the scripts and the sweeps (it cannot go blind), on the
     README and on the docs pages."""
     kinds = {_kind(line) for _, line in COMMANDS}
-    assert {"module:cory.train", "script:scripts/benchmark.py", "script:scripts/plot_frontier.py"} <= kinds
+    assert {"module:cory.train", "script:scripts/benchmark.py", "study:cory.studies.plot"} <= kinds
+    assert {f"study:{module}" for module in STUDY_COMMANDS.values()} <= kinds  # every study command is printed
     assert {"make:run", "make:test"} <= kinds
     assert any(" -m " in f" {line} " and "cory.train" in line for _, line in COMMANDS if "seed=" in line)
     assert any(where.endswith(".sh") for where, _ in COMMANDS)
@@ -139,8 +155,10 @@ def test_the_readme_and_scripts_print_the_commands_this_file_checks():
 
 
 def _args(line: str) -> list[str]:
-    """The arguments after `-m cory.<module>` or `scripts/<name>.py`."""
+    """The arguments after `-m cory.<module>`, `scripts/<name>.py` or an installed command's name."""
     tokens = _tokens(line)
+    if tokens[0] in STUDY_COMMANDS:
+        return tokens[1:]
     if "-m" in tokens[1:]:
         return tokens[tokens.index("-m", 1) + 2 :]
     return tokens[next(i for i, t in enumerate(tokens) if t.startswith("scripts/")) + 1 :]
@@ -161,6 +179,44 @@ def _script_help(script: str) -> str:
     )
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout
+
+
+@cache
+def _study_help(module: str, subcommand: tuple[str, ...]) -> str:
+    out = subprocess.run(
+        [sys.executable, "-m", module, *subcommand, "--help"],
+        cwd=REPO,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+def _check_study_command(module: str, line: str, monkeypatch) -> None:
+    """The (sub-)command exists, its help lists the flags used, the overrides it passes on compose and validate."""
+    import importlib
+
+    args = _args(line)
+    subcommands = getattr(importlib.import_module(module), "COMMANDS", None)  # cory-plot, cory-report, cory-measure
+    subcommand: tuple[str, ...] = ()
+    if subcommands is not None and not args:  # the command named in prose (`cory-plot`): it answers --help
+        assert "commands:" in _study_help(module, ())
+        return
+    if subcommands is not None:
+        assert args[0] in subcommands, (line, list(subcommands))
+        subcommand, args = (args[0],), args[1:]
+    flags = [a for a in args if re.fullmatch(r"--[\w-]+", a)]  # not a quoted value (`--evaluate "--n 16"`)
+    assert all(f in _study_help(module, subcommand) for f in flags), (line, flags)
+    overrides = [a for a in args if "=" in a and not a.startswith("-")]
+    if module == "cory.studies.run_sweep":  # every job of the sweep, as `cory-train -m` would run it
+        jobs, _ = _jobs(overrides)
+        for job in jobs:
+            _validate_as_if_cuda(_compose(tuple(o for o in job if not o.startswith("hydra"))), line, monkeypatch)
+    elif module == "cory.studies.measure" and overrides:
+        _validate_as_if_cuda(_compose(tuple(overrides)), line, monkeypatch)
 
 
 def _makefile_targets() -> set[str]:
@@ -189,6 +245,8 @@ def test_every_printed_command_runs_or_composes(where, line, tmp_path, monkeypat
         assert name in _makefile_targets(), line
     elif kind == "bash":
         assert (REPO / name).is_file(), line
+    elif kind == "study":
+        _check_study_command(name, line, monkeypatch)
     elif kind == "script":
         assert (REPO / name).is_file(), line
         args = _args(line)

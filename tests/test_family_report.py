@@ -1,21 +1,20 @@
-"""The family sweep's table (`scripts/family_report.py`) on hand-made run results with hand-computed spreads: the
-per-agent mean ± s.d. [min–max] over seeds, pass@k from the runs that have it, the base model per seed, the median
-seconds per iteration, unfinished runs left out and named; the Welch intervals of each agent against PPO and of
-each CORY variant against CORY."""
+"""The family sweep's table (`cory-report family`, `cory/studies/family_report.py`) on hand-made run results with
+hand-computed spreads: the per-agent mean ± s.d. [min–max] over seeds, pass@k from the runs that have it, the base
+model per seed, the median seconds per iteration, unfinished runs left out and named; the Welch intervals of each
+agent against PPO and of each CORY variant against CORY."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
 
 import pytest
 
+from cory.studies import family_report
+from cory.studies.stats import welch
+
 REPO = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("family_report", REPO / "scripts" / "family_report.py")
-family_report = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(family_report)
 
 
 def _passk(p1: float) -> dict:
@@ -99,8 +98,8 @@ def test_agents_are_compared_with_ppo_and_variants_with_cory_by_welch_intervals_
     llm2 = against_cory["cory_cc"]["llm2"]["accuracy"]
     assert llm2["diff"] == pytest.approx(0.2) and llm2["se"] == pytest.approx(0.1) and llm2["df"] == pytest.approx(1)
     assert against_cory["cory_cc"]["llm1"]["accuracy"]["diff"] == pytest.approx(0.1)  # 0.6 − 0.5
-    assert family_report.welch([1.0, 1.0], [0.0, 0.0])["ci95"] == [1.0, 1.0]  # no spread on either side
-    assert family_report.welch([1.0], [0.0, 1.0]) is None
+    assert welch([1.0, 1.0], [0.0, 0.0])["ci95"] == [1.0, 1.0]  # no spread on either side
+    assert welch([1.0], [0.0, 1.0]) is None
     table = family_report.markdown(report)
     ci = acc["ci95"]
     assert f"| CORY | llm1 | -0.100 [{ci[0]:+.3f}, {ci[1]:+.3f}] | — |" in table
@@ -108,8 +107,9 @@ def test_agents_are_compared_with_ppo_and_variants_with_cory_by_welch_intervals_
 
 
 def test_the_report_writes_its_files_and_refuses_an_empty_folder(tmp_path, capsys):
+    (tmp_path / "none").mkdir()
     assert family_report.main([str(tmp_path / "none"), "--out", str(tmp_path / "out")]) == 2
-    assert "no finished run results" in capsys.readouterr().out
+    assert "error: no finished run results" in capsys.readouterr().err and not (tmp_path / "out").exists()
     _run(tmp_path / "r", "grpo", 0, {"llm1": (0.5, 1.0)}, [3.0])
     assert family_report.main([str(tmp_path / "r"), "--out", str(tmp_path / "out")]) == 0
     report = json.loads((tmp_path / "out" / "family.json").read_text())

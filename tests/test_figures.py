@@ -7,7 +7,6 @@ Run with `pytest tests/test_figures.py`.
 from __future__ import annotations
 
 import errno
-import importlib.util
 import json
 import subprocess
 import sys
@@ -22,18 +21,10 @@ from matplotlib.figure import Figure
 from cory import figures, frontier
 from cory.evaluate import passk_title, plot_passk
 from cory.plotting import draw_curves, plot_curves
+from cory.studies import plot_curves as pc
+from cory.studies import plot_frontier as pf
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load_script(name: str):
-    spec = importlib.util.spec_from_file_location(f"{name}_for_figures", ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-pc, pf = _load_script("plot_curves"), _load_script("plot_frontier")
 
 TFIDF_IMDB = {"_target_": "cory.tasks.imdb.IMDBTask", "name": "imdb", "eval_kl_coef": 0.3,
               "reward": {"_target_": "cory.tasks.rewards.TfidfSentimentReward"}}  # fmt: skip
@@ -157,11 +148,55 @@ def test_no_axis_carries_an_offset(tmp_path, monkeypatch):
     for ax in fig.axes:
         assert ax.yaxis.get_offset_text().get_text() == "" and ax.xaxis.get_offset_text().get_text() == ""
     beta = next(ax for ax in fig.axes if ax.get_title() == "KL coefficient β")
-    assert any(t.get_text().startswith("0.3000") for t in beta.get_yticklabels())
+    assert "0.30" in [t.get_text() for t in beta.get_yticklabels()]  # the value itself, not an offset from it
     points = [frontier.make_point("r", "ppo", 0.1, 0, "llm1", {"task_reward": 0.3 + 1e-5 * i, "kl": 1 + i})
               for i in range(3)]  # fmt: skip
     fig = _saved_figure(monkeypatch, frontier.plot_frontier, points, tmp_path / "f.png")
     assert fig.axes[0].xaxis.get_offset_text().get_text() == ""
+
+
+def test_a_beta_that_barely_moves_is_drawn_flat_and_one_that_moves_fills_its_panel(tmp_path):
+    """β drifting by 0.01 % (an adaptive controller in a short run) was stretched to the panel's full height, a
+    zigzag out of nothing: its axis now spans at least ±10 % of β. A β that really moves keeps its own range."""
+    run = _run(tmp_path / "r", _config(), _cory_rows(beta0=0.3))  # β: 0.30000 … 0.30005
+    fig = draw_curves(run / "metrics.jsonl")
+    beta = next(ax for ax in fig.axes if ax.get_title() == "KL coefficient β")
+    low, high = beta.get_ylim()
+    assert high - low == pytest.approx(0.2 * 0.30005) and low < 0.3 and high > 0.30005
+    rows = _cory_rows()
+    for i, row in enumerate(rows[:-1]):  # β doubling over the run, 0.3 → 0.6
+        row |= {"train/llm1/kl_coef": 0.3 + 0.06 * i, "train/llm2/kl_coef": 0.3 + 0.06 * i}
+    moving = _run(tmp_path / "m", _config(), rows)
+    beta = next(ax for ax in draw_curves(moving / "metrics.jsonl").axes if ax.get_title() == "KL coefficient β")
+    low, high = beta.get_ylim()
+    assert 0.28 < low < 0.3 and 0.6 < high < 0.62  # matplotlib's own margins around 0.3 … 0.6
+
+
+def test_iteration_ticks_are_whole_numbers(tmp_path):
+    """Two iterations gave ticks at 0.25, 0.5, …: an iteration axis has integer ticks only."""
+    run = _run(tmp_path / "r", _config(), _cory_rows(n=2, swaps=(0, 0)))
+    fig = draw_curves(run / "metrics.jsonl")
+    fig.canvas.draw()
+    for ax in fig.axes:
+        ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+        assert ticks and all(float(t).is_integer() for t in ticks), (ax.get_title(), ticks)
+    groups, _ = pc.group_runs(pc.discover_runs([_sweep(tmp_path / "s")]))
+    sweep_fig = pc.plot(pc.curves(groups), tmp_path / "fig", groups=pc.describe_groups(groups))["figure"]
+    for ax in sweep_fig.axes:
+        assert all(float(t).is_integer() for t in ax.get_xticks()), ax.get_title()
+
+
+def test_the_pioneer_line_does_not_hide_the_agent_that_holds_the_role(tmp_path):
+    """In CORY the pioneer's curve is, iteration by iteration, one agent's own: a by-role line drawn on top hid llm1.
+    The by-role curves are wide faint strokes beneath the agents' lines."""
+    run = _run(tmp_path / "r", _config(), _cory_rows())  # the pioneer's task reward is llm1's until the swap
+    fig = draw_curves(run / "metrics.jsonl")
+    ax = next(ax for ax in fig.axes if ax.get_title() == "task reward")
+    lines = {ln.get_label(): ln for ln in ax.lines}
+    agent, role = lines["llm1 train"], lines["pioneer (by role)"]
+    np.testing.assert_allclose(agent.get_ydata()[:2], role.get_ydata()[:2])  # the same values where llm1 leads
+    assert role.get_zorder() < agent.get_zorder()  # drawn beneath it
+    assert role.get_linewidth() > 2 * agent.get_linewidth() and role.get_alpha() < 0.5  # wide and see-through
 
 
 def test_cory_curves_mark_the_logged_role_swaps(tmp_path):
@@ -293,7 +328,7 @@ def test_sweep_curves_redraw_from_their_json(tmp_path):
     assert pc.main([str(sweep), "--out", str(tmp_path / "a" / "curves")]) == 0
     assert pc.main(["--from-json", str(tmp_path / "a" / "curves.json"), "--out", str(tmp_path / "b" / "curves")]) == 0
     a, b = (json.loads((tmp_path / d / "curves.json").read_text()) for d in ("a", "b"))
-    assert a == b and a["groups"]["algorithm=cory"]["swaps"] == [2, 5]
+    assert a == b and a["groups"]["algorithm=cory"]["swaps"] == [2, 5]  # the JSON keeps the settings themselves
 
 
 # ------------------------------------------------------------------------------------------- script errors
@@ -333,14 +368,14 @@ def test_plot_scripts_report_empty_inputs_in_one_line(tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()
     out = tmp_path / "out" / "f"
-    assert pc.main([str(empty), "--out", str(out)]) == 1
+    assert pc.main([str(empty), "--out", str(out)]) == 2
     assert _one_line_error(capsys).startswith(f"error: no run (a folder holding metrics.jsonl) under {empty}")
-    assert pf.main([str(empty), "--out", f"{out}.png"]) == 1
+    assert pf.main([str(empty), "--out", f"{out}.png"]) == 2
     assert "no summary.json found" in _one_line_error(capsys)
-    assert pc.main([str(tmp_path / "missing")]) == 1
+    assert pc.main([str(tmp_path / "missing")]) == 2
     assert _one_line_error(capsys) == f"error: no such folder: {tmp_path / 'missing'}"
     sweep = _sweep(tmp_path / "s")
-    assert pc.main([str(sweep), "--where", "algorithm=maft", "--out", str(out)]) == 1
+    assert pc.main([str(sweep), "--where", "algorithm=maft", "--out", str(out)]) == 2
     assert _one_line_error(capsys) == (
         f"error: 2 runs under {sweep}, none with algorithm=maft (algorithm is cory, ppo); "
         "change --where to one of these values"
@@ -364,7 +399,7 @@ def test_plot_frontier_wandb_without_access_is_one_line(tmp_path, capsys, monkey
 def test_plot_frontier_subprocess_error_is_one_line(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "WANDB_MODE": "offline", "HOME": str(tmp_path)}
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "plot_frontier.py"), "--wandb", "e/p/g", "--out", str(tmp_path / "f")],
+        [sys.executable, "-m", "cory.studies.plot_frontier", "--wandb", "e/p/g", "--out", str(tmp_path / "f")],
         capture_output=True, text=True, timeout=120, env=env,
     )  # fmt: skip
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "WANDB_MODE=offline" in proc.stderr
@@ -413,6 +448,54 @@ def test_methods_with_the_same_means_stay_visible_as_nested_markers():
     assert a.get_markersize() != b.get_markersize()  # ... drawn in two sizes, the smaller on top
     rings = [ln for ln in ax.lines if ln.get_label().endswith("front (ringed)")]
     assert len({ln.get_markersize() for ln in rings}) == 2
+
+
+def test_eta_labels_at_one_place_are_stacked_not_written_over_each_other():
+    """Two methods whose means coincide, at different η: their η labels were written at the same offset, one over the
+    other. Each label now clears the others; the same η in the same colour at one place is written once."""
+    info = figures.RunInfo(task="imdb")
+    points = [
+        frontier.make_point("a", "ppo", 0.1, 0, "llm1", {"task_reward": 0.60, "kl": 3.0}, info),
+        frontier.make_point("b", "cory", 0.3, 0, "llm1", {"task_reward": 0.60, "kl": 3.0}, info),
+        frontier.make_point("c", "cory", 0.03, 0, "llm2", {"task_reward": 0.601, "kl": 3.01}, info),
+        frontier.make_point("d", "ppo", 0.3, 0, "llm1", {"task_reward": 0.90, "kl": 5.0}, info),
+    ]
+    fig, _ = frontier.draw_frontier(points)
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    labels = [t for t in ax.texts if t.get_text() in ("0.1", "0.3", "0.03")]
+    assert sorted(t.get_text() for t in labels) == ["0.03", "0.1", "0.3", "0.3"]
+    boxes = [t.get_window_extent(fig.canvas.get_renderer()) for t in labels]
+    overlapping = [(labels[i].get_text(), labels[j].get_text()) for i in range(len(boxes))
+                   for j in range(i + 1, len(boxes)) if boxes[i].overlaps(boxes[j])]  # fmt: skip
+    assert not overlapping
+    assert ax.get_legend().get_title().get_text() == "η next to each point"
+
+
+def test_one_eta_for_every_point_is_said_once_not_written_at_each():
+    """The family sweep: every point at η = 0.01, nine identical labels on top of the markers. Said in the legend."""
+    points = [
+        frontier.make_point(a, a, 0.01, 0, "llm1", {"task_reward": r, "kl": k}, figures.RunInfo(task="arithmetic"))
+        for a, r, k in (("ppo", 0.53, 2.2), ("cory", 0.51, 2.3), ("grpo", 0.55, 4.0))
+    ]
+    fig, _ = frontier.draw_frontier(points)
+    ax = fig.axes[0]
+    assert not [t for t in ax.texts if t.get_text() == "0.01"]
+    assert ax.get_legend().get_title().get_text() == "η = 0.01 at every point"
+
+
+def test_group_settings_read_as_words_in_the_legend(tmp_path):
+    """Legends of `cory-plot curves` were raw overrides (`algorithm=cory,seed=1`)."""
+    assert figures.setting_label("algorithm=cory,seed=1") == "CORY, seed 1"
+    assert figures.setting_label("algorithm=ppo algorithm.agent.init_kl_coef=0.1") == "PPO, η=0.1"
+    assert figures.setting_label("algorithm=cory_cc task.eval_kl_coef=0.3") == "CORY + centralised critic, η_eval=0.3"
+    assert figures.setting_label("algorithm.agent.learning_rate=1e-05") == "learning rate 1e-05"
+    assert figures.setting_label("all runs") == "all runs"
+    groups, _ = pc.group_runs(pc.discover_runs([_sweep(tmp_path / "s")]))
+    fig = pc.plot(pc.curves(groups), tmp_path / "fig", groups=pc.describe_groups(groups))["figure"]
+    entries = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "CORY · llm1" in entries and "PPO · llm1 (held-out)" in entries and "role swap (CORY)" in entries
+    assert not [e for e in entries if "=" in e]
 
 
 def test_every_algorithm_option_has_a_figure_name():

@@ -2,7 +2,7 @@
 
 - `python -m cory.train experiment=maft_smoke` writes the run folder: metrics (the evaluation after k rounds at
   iteration k, round k + 1's fine-tuning at iteration k), samples, summary.json with the baselines and every round,
-  curves.png, eval_outcomes.jsonl (whose means are the logged accuracies, read by scripts/paired_test.py),
+  curves.png, eval_outcomes.jsonl (whose means are the logged accuracies, read by `cory-report paired`),
   checkpoints with every agent's weights; `resume=` of the finished run does nothing.
 - A run SIGKILLed during round 1's SFT, resumed, SIGKILLed again during round 2's debate, resumed again: its
   metrics.jsonl and eval_outcomes.jsonl equal an uninterrupted run's, and no stage it had finished is computed twice.
@@ -47,12 +47,10 @@ from cory.maft.debate import DebateRecord
 from cory.maft.metrics import is_maft_metric
 from cory.maft.outcomes import read_outcomes
 from cory.metrics import RUN_METRICS
+from cory.studies import paired_test
 from cory.tasks.problems import Problem
 
 CONF = Path(__file__).resolve().parents[1] / "cory" / "conf"
-spec = importlib.util.spec_from_file_location("paired_test", REPO / "scripts" / "paired_test.py")
-paired_test = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(paired_test)
 SMOKE = ["experiment=maft_smoke", "progress=false"]
 AGENTS = ("gen1", "gen2", "critic1", "critic2")
 
@@ -156,7 +154,7 @@ PAIRED = [  # (A, its rounds, B, its rounds, statistic): the comparisons docs/ma
 
 def test_docs_maft_prints_what_the_committed_cpu_runs_hold():
     """The tables' debate-vote rows are the committed summaries' accuracies ± s.e., and every paired difference the
-    page states is what `scripts/paired_test.py` computes from the committed per-problem outcomes."""
+    page states is what `cory-report paired` computes from the committed per-problem outcomes."""
     text = " ".join((REPO / "docs" / "maft.md").read_text().split()).replace("−", "-")
     for run in ("maft", "single_ft"):
         rounds = json.loads((MAFT_CPU / run / "summary.json").read_text())["rounds"]

@@ -1,4 +1,5 @@
-"""MAFT's per-problem held-out outcomes and the paired test (`cory/maft/outcomes.py`, `scripts/paired_test.py`).
+"""MAFT's per-problem held-out outcomes and the paired test (`cory/maft/outcomes.py`, `cory/studies/stats.py`,
+`cory-report paired`).
 
 - McNemar's exact test and the paired difference ± s.e. against hand-computed values (and scipy's binomial test);
 - the rows of a hand-made debate reproduce `debate_metrics`' accuracies;
@@ -12,7 +13,6 @@ Run: `pytest tests/test_maft_outcomes.py` (a second).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -22,21 +22,10 @@ from scipy.stats import binomtest
 
 from cory.maft.debate import DebateRecord
 from cory.maft.metrics import debate_metrics
-from cory.maft.outcomes import (
-    OUTCOMES_FILE,
-    append_outcomes,
-    mcnemar_exact,
-    outcome_rows,
-    paired_test,
-    problem_id,
-    read_outcomes,
-    stats,
-)
-
-REPO = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("paired_test_cli", REPO / "scripts" / "paired_test.py")
-cli = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(cli)
+from cory.maft.outcomes import OUTCOMES_FILE, append_outcomes, outcome_rows, problem_id, read_outcomes
+from cory.studies import paired_test as cli
+from cory.studies.results import outcome_columns as stats
+from cory.studies.stats import mcnemar_exact, paired_test
 
 # 64 problems: 30 right in both, 7 right in A only, 2 right in B only, 25 wrong in both
 A = [1] * 30 + [1] * 7 + [0] * 2 + [0] * 25
@@ -218,9 +207,8 @@ def test_the_command_refuses_in_one_line(runs, capsys, tmp_path):
 
 
 def test_the_sweep_runners_results_keep_the_outcomes(runs, tmp_path):
-    spec = importlib.util.spec_from_file_location("run_sweep", REPO / "scripts" / "run_sweep.py")
-    run_sweep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(run_sweep)
+    from cory.studies import run_sweep
+
     a, _ = runs
-    run_sweep.collect(a, tmp_path / "results")  # what `run_sweep.py --results` does with a finished run
+    run_sweep.collect(a, tmp_path / "results")  # what `cory-sweep --results` does with a finished run
     assert (tmp_path / "results" / OUTCOMES_FILE).read_bytes() == (a / OUTCOMES_FILE).read_bytes()

@@ -50,6 +50,8 @@ def test_the_wheel_carries_every_config_and_the_console_commands(tmp_path):
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
     assert "cory-train = cory.train:main" in text and "cory-evaluate = cory.evaluate:main" in text
+    for study in ("cory-plot", "cory-report", "cory-measure", "cory-sweep", "cory-gpt2-small"):  # cory/studies
+        assert f"{study} = cory.studies." in text, study
     assert not any(n.startswith(("tests/", "outputs/", "scripts/")) for n in names)
 
     # installed alone (its dependencies are this venv's), away from the checkout: the configs come from the wheel

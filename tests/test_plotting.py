@@ -1,11 +1,10 @@
-"""Tests for `cory.plotting.plot_curves`, `cory.frontier` with `scripts/plot_frontier.py` (collect from folders or
-a W&B group, Pareto front, aggregation, CLI) and `scripts/plot_curves.py` (seed bands), on fake runs with known
+"""Tests for `cory.plotting.plot_curves`, `cory.frontier` with `cory-plot frontier` (collect from folders or
+a W&B group, Pareto front, aggregation, CLI) and `cory-plot curves` (seed bands), on fake runs with known
 numbers: the plotted data must equal them. CPU only, no network. Run with `pytest tests/test_plotting.py`.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -19,20 +18,11 @@ from matplotlib.colors import to_rgb
 from cory import frontier
 from cory.loggers import read_metrics
 from cory.plotting import discover_agents, plot_curves, series
+from cory.studies import plot_curves as pc
+from cory.studies import plot_frontier as pf
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def _load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-pf = _load_script("plot_frontier")
-pc = _load_script("plot_curves")
 
 
 def _is_png(path: Path) -> bool:
@@ -152,13 +142,13 @@ def test_frontier_cli(sweep, tmp_path):
     assert _is_png(out)
     result = json.loads(js.read_text())
     assert set(result) == {"points", "aggregated", "fronts", "joint_front"} and len(result["points"]) == 9
-    assert pf.main([str(tmp_path / "empty_dir_that_is_missing"), "--out", str(tmp_path / "x.png")]) == 1
+    assert pf.main([str(tmp_path / "empty_dir_that_is_missing"), "--out", str(tmp_path / "x.png")]) == 2
 
 
 def test_frontier_cli_subprocess(sweep, tmp_path):
     out = tmp_path / "f.png"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "plot_frontier.py"), str(sweep / "ppo"), "--out", str(out)],
+        [sys.executable, "-m", "cory.studies.plot", "frontier", str(sweep / "ppo"), "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -300,14 +290,14 @@ def test_plot_curves_draws_seed_means_and_min_max_bands(curve_sweep, tmp_path):
     assert ppo["high"] == [21, 22, 23, 14, 15]
 
     axes = pc.plot(curves, tmp_path / "fig", title="t")["axes"]
-    lines = {line.get_label(): line for line in axes["task_reward"].lines}
-    assert list(lines["algorithm=ppo · llm1"].get_ydata()) == pytest.approx(ppo["mean"])
-    cory2 = lines["algorithm=cory · llm2"]  # (3 + i) and (13 + i): mean 8 + i
+    lines = {line.get_label(): line for line in axes["task_reward"].lines}  # groups named in words, not overrides
+    assert list(lines["PPO · llm1"].get_ydata()) == pytest.approx(ppo["mean"])
+    cory2 = lines["CORY · llm2"]  # (3 + i) and (13 + i): mean 8 + i
     assert list(cory2.get_xdata()) == [0, 1, 2, 3, 4] and list(cory2.get_ydata()) == pytest.approx([8, 9, 10, 11, 12])
-    assert list(next(ln for ln in axes["kl"].lines if ln.get_label() == "algorithm=cory · llm2").get_ydata()) == (
+    assert list(next(ln for ln in axes["kl"].lines if ln.get_label() == "CORY · llm2").get_ydata()) == (
         pytest.approx([4, 4.5, 5, 5.5, 6])
     )
-    ppo_color = to_rgb(lines["algorithm=ppo · llm1"].get_color())
+    ppo_color = to_rgb(lines["PPO · llm1"].get_color())
     (band,) = [
         c.get_paths()[0].vertices
         for c in axes["task_reward"].collections
@@ -317,7 +307,7 @@ def test_plot_curves_draws_seed_means_and_min_max_bands(curve_sweep, tmp_path):
         ys = band[np.isclose(band[:, 0], x), 1]
         assert ys.min() == pytest.approx(low) and ys.max() == pytest.approx(high)
     # held-out evaluations: markers at the seed mean with min–max bars (1 + seed ∓ 100; seed 2 ended at 3)
-    ppo_eval = next(c for c in axes["task_reward"].containers if c.get_label() == "algorithm=ppo · llm1 (held-out)")
+    ppo_eval = next(c for c in axes["task_reward"].containers if c.get_label() == "PPO · llm1 (held-out)")
     assert list(ppo_eval.lines[0].get_xdata()) == [0, 3, 5]
     assert list(ppo_eval.lines[0].get_ydata()) == pytest.approx([-98, 103, 101.5])
     bars = ppo_eval.lines[2][0].get_segments()  # one vertical segment per marker, from min to max
@@ -334,7 +324,7 @@ def test_plot_curves_cli_writes_png_pdf_and_the_plotted_arrays(curve_sweep, tmp_
     assert {(c["label"], c["agent"]) for c in saved["curves"]} == {
         ("algorithm=ppo", "llm1"), ("algorithm=cory", "llm1"), ("algorithm=cory", "llm2")
     }  # fmt: skip
-    assert pc.main([str(tmp_path / "nothing_here"), "--out", str(prefix)]) == 1
+    assert pc.main([str(tmp_path / "nothing_here"), "--out", str(prefix)]) == 2
 
 
 def test_plot_curves_groups_runs_without_hydra_records_by_their_config(tmp_path):
@@ -350,3 +340,124 @@ def test_plot_curves_groups_runs_without_hydra_records_by_their_config(tmp_path)
     groups, shared = pc.group_runs(pc.discover_runs([tmp_path]))
     assert {k: len(v) for k, v in groups.items()} == {"algorithm=ppo": 2, "algorithm=cory": 1}
     assert shared == {"algorithm.agent.learning_rate": "1e-05"}
+
+
+# ---------------------------------------------------------------------------------------------- one study a figure
+def _study_run(folder: Path, task: str, iterations: int, seed: int, reward: float, experiment: str | None = None):
+    """A finished run as `cory-train` leaves it: its summary, the task in its config, the experiment override."""
+    folder.mkdir(parents=True)
+    summary = {"algorithm": "ppo", "kl_coef": 0.1, "seed": seed, "iterations": iterations, "completed": True,
+               "agents": {"llm1": {"task_reward": reward, "kl": 1.0, "combined_reward": reward - 0.3}}}  # fmt: skip
+    (folder / "summary.json").write_text(json.dumps(summary))
+    (folder / "run_config.yaml").write_text(f"seed: {seed}\ntask:\n  name: {task}\n")
+    if experiment:
+        (folder / ".hydra").mkdir()
+        (folder / ".hydra" / "overrides.yaml").write_text(f"- experiment={experiment}\n")
+
+
+def test_a_mix_of_tasks_experiments_and_lengths_is_refused_and_split_on_request(tmp_path, capsys):
+    """`cory-plot frontier outputs/runs outputs/multiruns` drew one front through IMDB, arithmetic and toy points, and
+    counted a 4-iteration run and a 2-iteration sweep job, both seed 0, as two seeds. Now: one study per figure."""
+    runs, multiruns = tmp_path / "runs", tmp_path / "multiruns"
+    _study_run(runs / "imdb" / "a", "imdb", 12, 0, 0.6, "quickstart")
+    _study_run(runs / "toy" / "b", "toy", 4, 0, 0.2, "smoke")
+    _study_run(multiruns / "smoke" / "c", "toy", 2, 0, 0.1, "smoke")
+    out = tmp_path / "out" / "frontier.png"
+    assert pf.main([str(runs), str(multiruns), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: the runs are 3 studies")
+    for study in ("task imdb · experiment quickstart · 12 it.", "task toy · experiment smoke · 4 it.",
+                  "task toy · experiment smoke · 2 it."):  # fmt: skip
+        assert study in err
+    assert "--task, --experiment and --iterations" in err and "--split" in err and not out.parent.exists()
+    # choosing one: the 4-iteration run alone, one seed
+    chosen = tmp_path / "chosen.json"
+    assert pf.main([str(runs), str(multiruns), "--task", "toy", "--iterations", "4", "--out", str(out),
+                    "--json", str(chosen)]) == 0  # fmt: skip
+    (row,) = json.loads(chosen.read_text())["aggregated"]
+    assert (row["n"], row["runs"], row["task_reward"]) == (1, 1, 0.2)
+    assert pf.main([str(runs), "--task", "gsm8k", "--out", str(out)]) == 2
+    assert "no run matches --task gsm8k (the runs are: task imdb" in capsys.readouterr().err
+    # or each study into its own file
+    out = tmp_path / "split" / "frontier.png"
+    assert pf.main([str(runs), str(multiruns), "--split", "--out", str(out), "--json", str(tmp_path / "f.json")]) == 0
+    names = sorted(p.name for p in out.parent.iterdir())
+    assert names == ["frontier-imdb-quickstart-12it.png", "frontier-toy-smoke-2it.png", "frontier-toy-smoke-4it.png"]
+    saved = json.loads((tmp_path / "f-toy-smoke-2it.json").read_text())
+    assert [p["run"] for p in saved["points"]] == [str((multiruns / "smoke" / "c").resolve())]
+
+
+def test_seeds_are_counted_once_however_many_runs_share_one(tmp_path):
+    """Two runs of seed 0 (a rerun) and one of seed 1 are two seeds: seed 0's value is the mean of its runs."""
+    info = frontier.figures.RunInfo(task="toy")
+    points = [
+        frontier.make_point(run, "ppo", 0.1, seed, "llm1", {"task_reward": r, "kl": 1.0}, info, 4)
+        for run, seed, r in (("a", 0, 0.2), ("b", 0, 0.4), ("c", 1, 0.6))
+    ]
+    (row,) = frontier.aggregate(points)
+    assert (row["n"], row["runs"]) == (2, 3)
+    assert row["task_reward"] == pytest.approx((0.3 + 0.6) / 2)  # not (0.2 + 0.4 + 0.6) / 3
+    assert row["task_reward_std"] == pytest.approx(0.15)  # the spread of the seeds' values 0.3 and 0.6
+    assert "2 (3 runs)" in frontier.format_table([row], {"ppo": [row]})
+    fig, _ = frontier.draw_frontier(points)
+    assert "mean over 2 seeds" in fig.axes[0].get_title()
+
+
+# ---------------------------------------------------------------------------------------------- W&B, for real
+WANDB_RUN = """
+import sys
+from cory.loggers import WandbLogger
+
+config = {"iterations": 2, "seed": 3, "task": {"name": "toy"},
+          "algorithm": {"_target_": "cory.algorithms.cory.CORY", "agent": {"init_kl_coef": 0.1}}}
+logger = WandbLogger(sys.argv[1], config, project="p", group="g", mode="offline")
+for k, (reward, kl) in enumerate([(0.9, 0.0), (0.5, 2.0), (0.7, 1.5)]):  # the best reward is not the last
+    logger.log({"eval/llm1/task_reward": reward, "eval/llm1/kl": kl, "eval/llm1/combined_reward": reward - 0.3 * kl,
+                "train/llm1/kl": kl}, step=k)
+logger.close()
+"""
+
+
+def _offline_run_read_back(run_dir: Path) -> tuple[dict, dict]:
+    """(config, summary) of a real offline W&B run, read back from its run file by W&B's own reader."""
+    env = {**__import__("os").environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    made = subprocess.run([sys.executable, "-c", WANDB_RUN, str(run_dir)], env=env, capture_output=True, text=True,
+                          timeout=180, cwd=ROOT)  # fmt: skip
+    assert made.returncode == 0, made.stderr[-2000:]
+    (run_file,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    wandb_cli = Path(sys.executable).parent / "wandb"
+    read = subprocess.run([str(wandb_cli), "leet", "inspect", "--json", str(run_file)], env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert read.returncode == 0, read.stderr[-2000:]
+    records = [json.loads(line) for line in read.stdout.splitlines() if line.startswith("{")]
+    summary: dict = {}
+    for r in records:
+        if r["type"] == "summary":
+            summary |= r["summary"].get("update", {})
+    (run,) = [r["run"] for r in records if r["type"] == "run"]
+    config = {k: json.loads(v["value_json"]) if isinstance(v, dict) and "value_json" in v else v
+              for k, v in run["config"]["update"].items()}  # fmt: skip
+    return config, summary
+
+
+class _ReadBackRun:
+    def __init__(self, config: dict, summary: dict) -> None:
+        self.path, self.state, self.job_type = ["ent", "p", "r1"], "finished", "train"
+        self.config, self.summary = config, summary
+
+
+@pytest.mark.slow
+def test_frontier_reads_the_summary_of_a_real_offline_wandb_run(tmp_path):
+    """`--wandb` read `summary["eval/<agent>/task_reward"]` as a number, but W&B summarises a declared metric as
+    `{last, max}`: every point was dropped. A summary written by our logger and read back from the run file gives
+    the final evaluation's values (the last, not the best), as plain numbers or in the old dict form."""
+    config, summary = _offline_run_read_back(tmp_path / "run")
+    value = summary["eval/llm1/task_reward"]
+    assert value == 0.7 or value.get("last") == 0.7  # plain, or the `{last, max}` of W&B's summary declaration
+    api = _FakeApi([_ReadBackRun(config, summary)])
+    out, js = tmp_path / "f.png", tmp_path / "f.json"
+    assert pf.main(["--wandb", "ent/p/g", "--out", str(out), "--json", str(js)], api=api) == 0
+    (point,) = json.loads(js.read_text())["points"]
+    assert (point["task_reward"], point["kl"], point["seed"], point["kl_coef"]) == (0.7, 1.5, 3, 0.1)
+    assert point["combined_reward"] == pytest.approx(0.7 - 0.45) and point["algorithm"] == "cory"
+    assert point["iterations"] == 2 and point["task"] == "toy" and _is_png(out)

@@ -406,12 +406,13 @@ def test_the_requeueing_slurm_launcher_composes_and_asks_for_the_signal_and_requ
 @pytest.mark.long
 @pytest.mark.parametrize("snapshot", [True, False], ids=["snapshot", "no-snapshot"])
 def test_the_stop_latency_script_measures_a_stop_in_the_update(snapshot):
-    """`scripts/stop_latency.py` (docs/running.md): one JSON object on stdout; with snapshots the iteration stopped in
-    its update is dropped with no optimiser step after the signal, without them the update finishes."""
+    """`cory-measure stop-latency` (docs/running.md): one JSON object on stdout; with snapshots the iteration stopped
+    in its update is dropped with no optimiser step after the signal, without them the update finishes."""
     import subprocess
     import sys
 
-    command = [sys.executable, "scripts/stop_latency.py", *([] if snapshot else ["--no-snapshot"]), "experiment=smoke"]
+    command = [sys.executable, "-m", "cory.studies.measure", "stop-latency", *([] if snapshot else ["--no-snapshot"]),
+               "experiment=smoke"]  # fmt: skip
     out = subprocess.run(command, cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout)

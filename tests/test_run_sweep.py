@@ -1,4 +1,4 @@
-"""The resumable sweep driver (`scripts/run_sweep.py`) and the CPU reproduction script built on it.
+"""The resumable sweep driver (`cory-sweep`, `cory/studies/run_sweep.py`) and the CPU reproduction script built on it.
 
 - Jobs are Hydra's own expansion of the sweep; folders are named `<what varies>/seed=<n>`.
 - A sweep stopped by a signal resumes from its checkpoints when the same command runs again, and the resumed
@@ -10,7 +10,6 @@ Run: `pytest tests/test_run_sweep.py` (about a minute: real runs in subprocesses
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -22,10 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from cory.studies import run_sweep
+
 REPO = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("run_sweep", REPO / "scripts" / "run_sweep.py")
-run_sweep = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(run_sweep)
 
 
 def _env(tmp_path: Path) -> dict:
@@ -48,7 +46,7 @@ def test_jobs_are_hydras_expansion_and_folders_read_like_the_table(tmp_path):
 def test_a_stopped_sweep_resumes_and_a_finished_one_is_skipped(tmp_path):
     out = tmp_path / "sweep"
     results = tmp_path / "results"
-    cmd = [sys.executable, str(REPO / "scripts" / "run_sweep.py"), "--dir", str(out), "--jobs", "1",
+    cmd = [sys.executable, "-m", "cory.studies.run_sweep", "--dir", str(out), "--jobs", "1",
            "--results", str(results),
            "experiment=smoke", "iterations=40", "save_every=2", "eval_every=0", "seed=3"]  # fmt: skip
     run = out / "run" / "seed=3"
@@ -100,7 +98,7 @@ def test_caches_are_warmed_through_the_entry_points_loaders(monkeypatch):
 def test_a_second_driver_on_the_same_sweep_is_refused(tmp_path, capsys):
     (tmp_path / run_sweep.LOCK).write_text(str(os.getpid()))  # this process is alive
     assert run_sweep.main(["--dir", str(tmp_path), "experiment=smoke"]) == 2
-    assert "another run_sweep.py" in capsys.readouterr().err
+    assert f"error: another cory-sweep (pid {os.getpid()}) is running in {tmp_path}" in capsys.readouterr().err
 
 
 @pytest.mark.long

@@ -16,7 +16,7 @@ accuracy ± s.e. is the paper's metric, and round 0 holds the free baselines (on
 without fine-tuning). `single_agent_ft=true` is the single-agent FT baseline: one shared model, trained on all the
 agents' data together, plays every role. Every evaluation also appends each problem's 0/1 outcomes to the run
 folder's `eval_outcomes.jsonl` (`cory.maft.outcomes`): two evaluations score the same problems, so their difference
-is judged by a paired test (`scripts/paired_test.py`).
+is judged by a paired test (`cory-report paired`).
 
 Through the trainer (`cory.algorithms.base.Algorithm`), one iteration is one fine-tuning round and the run-level
 `iterations` is the number of rounds L:

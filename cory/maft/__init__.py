@@ -5,7 +5,8 @@
 - `agents.py`: the 2N agents' weights (LoRA adapters over one frozen base, or full copies) and batched generation.
 - `sft.py`: supervised fine-tuning of one agent with TRL's `SFTTrainer`, loss on the assistant tokens only.
 - `store.py`: the run folder's per-stage artefacts, so a killed run continues where it stopped.
-- `outcomes.py`: each held-out problem's outcomes (`eval_outcomes.jsonl`) and the paired test of two evaluations.
+- `outcomes.py`: each held-out problem's outcomes (`eval_outcomes.jsonl`), written and read back (`cory-report paired`
+  compares two evaluations with them).
 - `plots.py`: the run's `curves.png` (accuracy ± s.e., per-agent accuracy, diversity per fine-tuning round).
 
 The round itself, top to bottom, is `cory/algorithms/maft.py`: the `Algorithm` the trainer runs, one fine-tuning round

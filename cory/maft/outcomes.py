@@ -1,4 +1,4 @@
-"""Per-problem outcomes of MAFT's held-out evaluations, and the paired test that compares two of them.
+"""Per-problem outcomes of MAFT's held-out evaluations: the rows, their writer and their reader.
 
 Every held-out evaluation of a run (after k fine-tuning rounds; k = 0: the base agents) scores the same problems with
 the same seed, and so does the single-agent FT baseline's with the same seed and task: two evaluations differ only
@@ -21,23 +21,16 @@ after the checkpoint, reading the debate back from `rounds/`, so it finds the sa
 (iteration, problem) is in the file already is not written again, and a last line cut by a kill is dropped before
 anything is appended after it. The file holds each evaluation once and whole however often the run was resumed.
 
-The paired test of two evaluations A and B on the same n problems, with x_i, y_i their outcomes on problem i:
-the difference of accuracies is the mean of d_i = x_i − y_i, with standard error √(Var(d)/n) (population variance,
-as the logged √(p(1−p)/n)) and the normal 95 % interval ± 1.96 s.e.; for 0/1 outcomes with b problems right in A
-only and c right in B only, that is (b − c)/n ± 1.96 · √((b + c − (b − c)²/n)/n²). McNemar's exact test (McNemar
-1947, in its exact binomial form): under equal accuracy each discordant problem is A's or B's with probability 1/2,
-so b ~ Binomial(b + c, 1/2) and the two-sided p = min(1, 2 · P(X ≤ min(b, c))). The concordant problems carry no
-information on the difference, which is why the paired test is sharper than comparing two unpaired standard errors.
+The paired test that compares two evaluations problem by problem (with McNemar's exact test) reads this file:
+`cory.studies.stats.paired_test`, run by `cory-report paired`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from cory.errors import writing
@@ -46,11 +39,6 @@ from cory.tasks.answers import answers_equal
 
 OUTCOMES_FILE = "eval_outcomes.jsonl"
 KEYS = ("iteration", "problem", "n", "id", "truth")  # what identifies a row; every other field is an outcome
-Z95 = 1.959963984540054  # the standard normal's 97.5 % quantile
-
-
-class OutcomesError(ValueError):
-    """Two evaluations that cannot be compared, or one that is not in the file whole: said in one line."""
 
 
 def problem_id(question: str, truth: str) -> str:
@@ -131,63 +119,3 @@ def _drop_cut_tail(path: Path) -> None:
     data = path.read_bytes()
     if data and not data.endswith(b"\n"):
         os.truncate(path, data.rfind(b"\n") + 1)
-
-
-# ------------------------------------------------------------------------------------------------- the paired test
-def evaluation(rows: list[dict], iteration: int | None, where: str) -> tuple[int, list[dict]]:
-    """The rows of the evaluation at `iteration` (None: the last one in the file), ordered by problem; refused in one
-    line (`OutcomesError`, `where` names the file) when there is none or it is not whole."""
-    done = sorted({int(r["iteration"]) for r in rows})
-    if not done:
-        raise OutcomesError(f"{where} holds no evaluation")
-    k = done[-1] if iteration is None else iteration
-    if k not in done:
-        raise OutcomesError(f"{where} has no evaluation at iteration {k} (it has {', '.join(map(str, done))})")
-    chosen = sorted((r for r in rows if int(r["iteration"]) == k), key=lambda r: int(r["problem"]))
-    n = int(chosen[0]["n"])
-    if [int(r["problem"]) for r in chosen] != list(range(n)) or any(int(r["n"]) != n for r in chosen):
-        raise OutcomesError(f"{where}: the evaluation at iteration {k} is not whole ({len(chosen)} of {n} problems)")
-    return k, chosen
-
-
-def stats(rows: list[dict]) -> list[str]:
-    """The outcome columns of an evaluation's rows (`vote`, `round1_majority`, `single_sample`, `gen1`, ...)."""
-    return [key for key in rows[0] if key not in KEYS]
-
-
-@dataclass(frozen=True)
-class PairedTest:
-    """Two evaluations of one statistic on the same n problems (A − B); `p` is None unless both are 0/1."""
-
-    n: int
-    mean_a: float
-    mean_b: float
-    difference: float
-    se: float
-    low: float  # the normal 95 % interval of the difference
-    high: float
-    b: int | None  # problems right in A only (0/1 outcomes)
-    c: int | None  # problems right in B only
-    p: float | None  # McNemar's exact two-sided p
-
-
-def mcnemar_exact(b: int, c: int) -> float:
-    """Two-sided exact McNemar p-value: min(1, 2 · P(X ≤ min(b, c))), X ~ Binomial(b + c, 1/2); 1 when b = c = 0."""
-    m = b + c
-    tail = sum(math.comb(m, i) for i in range(min(b, c) + 1))
-    return min(1.0, 2 * tail / 2**m)  # integers until the one division: exact for any number of problems
-
-
-def paired_test(x: Sequence[float], y: Sequence[float]) -> PairedTest:
-    """Paired comparison of outcomes x (A) and y (B) on the same problems, in the same order (module docstring)."""
-    if len(x) != len(y) or not x:
-        raise ValueError(f"paired outcomes need equal, non-zero lengths (got {len(x)} and {len(y)})")
-    n = len(x)
-    d = [a - b for a, b in zip(x, y)]
-    diff = sum(d) / n
-    se = math.sqrt(max(0.0, sum(v * v for v in d) / n - diff * diff) / n)
-    binary = all(v in (0, 1) for v in (*x, *y))
-    b = sum(1 for u, v in zip(x, y) if u == 1 and v == 0) if binary else None
-    c = sum(1 for u, v in zip(x, y) if u == 0 and v == 1) if binary else None
-    p = mcnemar_exact(b, c) if b is not None and c is not None else None
-    return PairedTest(n, sum(x) / n, sum(y) / n, diff, se, diff - Z95 * se, diff + Z95 * se, b, c, p)

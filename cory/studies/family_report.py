@@ -1,9 +1,9 @@
 """The multi-agent family's table (docs/results.md, "The multi-agent family on arithmetic"), from committed results.
 
-    python scripts/family_report.py outputs/family/results --out outputs/family
+    cory-report family outputs/family/results --out outputs/family
 
-Reads each finished run's small files under `RESULTS/algorithm=<name>/seed=<n>/` (what `scripts/run_sweep.py
---results` copies: `summary.json`, `metrics.jsonl`, and with `--evaluate` also `passk.json`) and writes
+Reads each finished run's small files under `RESULTS/algorithm=<name>/seed=<n>/` (what `cory-sweep --results`
+copies: `summary.json`, `metrics.jsonl`, and with `--evaluate` also `passk.json`) and writes
 `family.md` (the table) and `family.json` (every number) into `--out`. Per algorithm and agent, over its seeds:
 - held-out accuracy: the task reward of the run's last evaluation (`summary.json`, `agents.<id>.task_reward`);
 - KL_seq to π0 at that evaluation (`agents.<id>.kl`);
@@ -19,20 +19,23 @@ PPO's llm1 (the sweep's baseline), and each CORY variant's agents against plain 
 changes: the critic, the schedule, the sharing; the shared policy's one agent against CORY's llm1). The seeds of two
 algorithms are independent runs (seed n of PPO and of CORY share no training randomness that would pair them), so
 the unpaired interval with Welch–Satterthwaite degrees of freedom is the one that does not claim more than the seeds
-give; it needs two seeds on each side.
+give; it needs two seeds on each side (`cory.studies.stats.welch`).
+The files are read by `cory.studies.results`: a corrupt, partial or non-numeric result (a finished run's summary
+without its agents, a pass@k file without pass@16, NaN), no finished run, or an unwritable `--out` is one line and
+exit code 2. The same command: `python -m cory.studies.family_report`.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import math
 import statistics
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from cory.studies import command, results
+from cory.studies.command import StudyError
+from cory.studies.stats import spread, welch
 
 # The sweep's order and display names (`cory/conf/sweep/family_arithmetic.yaml`); others follow, sorted.
 NAMES = {
@@ -49,76 +52,53 @@ COMPARISONS = (("ppo", "llm1", None), ("cory", None, ("cory_cc", "cory_interleav
 COMPARED = ("accuracy", "pass@1", "pass@16", "kl")  # the columns of the difference table
 
 
-def welch(a: list[float], b: list[float], level: float = 0.95) -> dict | None:
-    """mean(a) − mean(b) with its Welch t interval: s.e. = √(s_a²/n_a + s_b²/n_b), degrees of freedom by
-    Welch–Satterthwaite; None unless both sides have two values or more. With no spread on either side the interval
-    is the difference itself."""
-    if len(a) < 2 or len(b) < 2:
+def _read(folder: Path) -> dict | None:
+    """One run's final evaluation, pass@k (or None) and median seconds per iteration; None when it has not
+    finished (no summary, or `completed` not true)."""
+    summary = results.summary(folder)
+    if summary is None or summary.get("completed") is not True:
         return None
-    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
-    diff, se = statistics.fmean(a) - statistics.fmean(b), math.sqrt(va + vb)
-    if se == 0:
-        return {"diff": diff, "se": 0.0, "df": math.inf, "ci95": [diff, diff]}
-    from scipy import stats
-
-    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    half = stats.t.ppf(0.5 + level / 2, df) * se
-    return {"diff": diff, "se": se, "df": df, "ci95": [diff - half, diff + half]}
-
-
-def spread(values: list[float]) -> dict | None:
-    """mean, s.d. (n − 1; 0 for one value), min, max and n of `values`; None when there are none."""
-    if not values:
-        return None
-    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    finals = results.final_evaluation(summary, folder)
+    initial = (summary.get("initial") or {}).get("llm1") or {}  # the base model, evaluated before training
+    base = initial.get("task_reward") if isinstance(initial, dict) else None
+    passk = results.passk(folder, PASSK)
+    times = []
+    if (folder / results.METRICS).is_file():
+        times = results.column(results.metrics(folder / results.METRICS), "time/iteration_s", folder / results.METRICS)
     return {
-        "mean": statistics.fmean(values),
-        "sd": sd,
-        "min": min(values),
-        "max": max(values),
-        "n": len(values),
-        "values": list(values),
+        "agents": finals,
+        "initial": None if base is None else results.number(base, f"{folder / results.SUMMARY}: initial.llm1"),
+        "passk": passk,
+        "time": statistics.median(times) if times else None,
     }
 
 
-def _read(folder: Path) -> dict | None:
-    """One run's summary, pass@k (or None) and median seconds per iteration; None when it has not finished."""
-    try:
-        summary = json.loads((folder / "summary.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if not summary.get("completed"):
-        return None
-    passk_file = folder / "passk.json"
-    passk = json.loads(passk_file.read_text()) if passk_file.is_file() else None
-    times = []
-    metrics = folder / "metrics.jsonl"
-    if metrics.is_file():
-        from cory.loggers import read_metrics
-
-        times = [r["time/iteration_s"] for r in read_metrics(metrics) if "time/iteration_s" in r]
-    return {"summary": summary, "passk": passk, "time": statistics.median(times) if times else None}
-
-
-def family(results: Path) -> dict:
+def family(kept: Path) -> dict:
     """Every algorithm's per-agent spreads over its finished seeds (module docstring)."""
-    found = sorted(results.glob("algorithm=*/seed=*"))
-    present = {f.parent.name.split("=", 1)[1] for f in found}
+    found = results.kept_runs(kept, "algorithm=*")
+    present = {name for name, _, _ in found}
     names = [a for a in NAMES if a in present] + sorted(present - set(NAMES))
     out: dict = {"algorithms": {}, "base": {}, "unfinished": []}
     for name in names:
         runs = {}
-        for folder in sorted(results.glob(f"algorithm={name}/seed=*")):
+        for _, seed, folder in results.kept_runs(kept, f"algorithm={name}"):
             run = _read(folder)
             if run is None:
                 out["unfinished"].append(f"{folder.parent.name}/{folder.name}")
             else:
-                runs[int(folder.name.split("=", 1)[1])] = run
+                runs[seed] = run
         if not runs:
             continue
         agents = {}
-        for agent_id in next(iter(runs.values()))["summary"]["agents"]:
-            finals = [r["summary"]["agents"][agent_id] for r in runs.values()]
+        first = next(iter(runs.values()))["agents"]
+        for seed, run in runs.items():
+            if set(run["agents"]) != set(first):
+                raise StudyError(
+                    f"{kept}/algorithm={name}/seed={seed}: agents {', '.join(run['agents'])}, but its other seeds "
+                    f"have {', '.join(first)}; one algorithm's runs must come from one configuration"
+                )
+        for agent_id in first:
+            finals = [r["agents"][agent_id] for r in runs.values()]
             row = {
                 "accuracy": spread([f["task_reward"] for f in finals]),
                 "kl": spread([f["kl"] for f in finals]),
@@ -134,8 +114,7 @@ def family(results: Path) -> dict:
             "seconds_per_iteration": statistics.median(times) if times else None,
         }
         for seed, run in runs.items():  # the base model's numbers depend on the seed (its sampling), not the method
-            initial = run["summary"].get("initial", {}).get("llm1", {})
-            base = out["base"].setdefault(seed, {"accuracy": initial.get("task_reward")})
+            base = out["base"].setdefault(seed, {"accuracy": run["initial"]})
             if run["passk"] and "base" in run["passk"]:
                 base.update({key: run["passk"]["base"][key] for key in PASSK})
     out["differences"] = {
@@ -226,20 +205,27 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def run(argv: Sequence[str] | None = None, prog: str = "cory-report family") -> int:
+    parser = command.parser(prog, __doc__)
     parser.add_argument("results", type=Path, help="the sweep's --results folder (algorithm=<name>/seed=<n>/)")
     parser.add_argument("--out", type=Path, required=True, help="where family.md and family.json go")
     args = parser.parse_args(argv)
     report = family(args.results)
     if not report["algorithms"]:
-        print(f"error: no finished run results under {args.results} (expected algorithm=<name>/seed=<n>/summary.json)")
-        return 2
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "family.json").write_text(json.dumps(report, indent=2) + "\n")
-    (args.out / "family.md").write_text(markdown(report))
+        raise StudyError(
+            f"no finished run results under {args.results} (expected algorithm=<name>/seed=<n>/summary.json "
+            "with completed: true)"
+        )
+    with command.output(args.out):
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "family.json").write_text(json.dumps(report, indent=2) + "\n")
+        (args.out / "family.md").write_text(markdown(report))
     print(markdown(report), end="")
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return command.guard(run, argv)
 
 
 if __name__ == "__main__":

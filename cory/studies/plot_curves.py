@@ -1,14 +1,15 @@
 """The paper's curve figures (Figs. 3, 4, 6) from local run folders: mean over seeds with a min–max seed band.
 
-    python scripts/plot_curves.py SWEEP_DIR [MORE_DIRS ...] [--out PREFIX] [--last 5] [--where KEY=VALUE ...]
-    python scripts/plot_curves.py --from-json PREFIX.json [--out PREFIX]      # redraw from the saved arrays
+    cory-plot curves SWEEP_DIR [MORE_DIRS ...] [--out PREFIX] [--last 5] [--where KEY=VALUE ...]
+    cory-plot curves --from-json PREFIX.json [--out PREFIX]      # redraw from the saved arrays
 
 Every folder below the given ones that holds a `metrics.jsonl` is a run (`--where KEY=VALUE` keeps only the runs
 with that setting). Runs are grouped by everything but the seed: their command-line overrides
 (`.hydra/overrides.yaml`) without `seed` and without the keys that do not change what is learned (`sweep`,
 `logger`, `hardware`, `progress`, `cache_dir`, `resume`, `hydra.*`); a run without Hydra's record is grouped by
-its resolved `run_config.yaml` instead. A group is labelled by the settings that differ between groups (e.g.
-`algorithm=cory`); the settings they share go in the title.
+its resolved `run_config.yaml` instead. A group is named by the settings that differ between groups, in words
+(`algorithm=cory seed=1` reads "CORY, seed 1": `cory.figures.setting_label`); the settings they share go in the
+title.
 
 Three panels against the training iteration, as in the paper: task reward, KL_seq to π0 and the combined reward
 r − η_eval·KL_seq. One line per (group, agent) from the training rollouts (`train/<agent>/...`, each agent in its
@@ -19,25 +20,23 @@ logged `cory/swaps`) are vertical lines; `--smooth N` draws a moving mean over N
 Title, units (from the task of the runs' `run_config.yaml`) and legend follow `cory.figures`. Writes PREFIX.png,
 PREFIX.pdf and PREFIX.json (every plotted array, with what the runs are and their swaps, so `--from-json`
 redraws the figure), and prints each curve's final held-out value and its training mean over the last `--last`
-iterations. Nothing to plot, or an output that cannot be written, is one line on stderr and a non-zero exit.
+iterations. Nothing to plot, an input that cannot be read, or an output that cannot be written is one line on
+stderr and exit code 2 (`cory.studies.command`). The same command: `python -m cory.studies.plot_curves`.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import statistics
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # `python scripts/plot_curves.py` runs from the checkout
-
-from cory import figures  # noqa: E402
-from cory.loggers import read_metrics  # noqa: E402
-from cory.plotting import discover_agents, panel_labels, series, swaps  # noqa: E402
+from cory import figures
+from cory.plotting import discover_agents, panel_labels, series, swaps
+from cory.studies import command, results
+from cory.studies.command import StudyError
 
 PANELS = ("task_reward", "kl", "combined_reward")
 # Overrides that say how or where a run ran, not what it learns (hardware never changes the result).
@@ -50,40 +49,12 @@ def _is_setting(key: str) -> bool:
     return key.split(".")[0].split("/")[0] not in NOT_SETTINGS
 
 
-def _flatten(node, prefix: str = "") -> dict[str, str]:
-    if isinstance(node, dict):
-        out = {}
-        for k, v in node.items():
-            out |= _flatten(v, f"{prefix}{k}.")
-        return out
-    return {prefix[:-1]: json.dumps(node) if isinstance(node, list) else str(node)}
-
-
 def run_settings(run_dir: Path) -> dict[str, str]:
-    """What a run is, minus its seed: its overrides (`key=value`) or, without them, its flattened resolved config."""
-    import yaml
-
-    overrides = run_dir / ".hydra" / "overrides.yaml"
-    if overrides.is_file():
-        items = (str(o).lstrip("+~").split("=", 1) for o in yaml.safe_load(overrides.read_text()) or [])
-        settings = {k: v for k, v in (i if len(i) == 2 else (i[0], "") for i in items)}
-    else:
-        config = (
-            yaml.safe_load((run_dir / "run_config.yaml").read_text())
-            if (run_dir / "run_config.yaml").is_file()
-            else {}
-        )
-        settings = _flatten(config or {})
-        target = settings.pop("algorithm._target_", None)
-        if target is not None:  # the algorithm by name; its other keys differ with it
-            settings = {k: v for k, v in settings.items() if not k.startswith("algorithm.") or "agent." in k}
-            settings["algorithm"] = target.rsplit(".", 1)[-1].lower()
-    return {k: v for k, v in settings.items() if _is_setting(k)}
+    """What a run is, minus its seed and how it ran (`cory.studies.results.settings`)."""
+    return {k: v for k, v in results.settings(run_dir).items() if _is_setting(k)}
 
 
-def discover_runs(dirs: Iterable[str | Path]) -> list[Path]:
-    """Every folder under `dirs` (or one of them) holding a `metrics.jsonl`, sorted, each once."""
-    return sorted({p.parent.resolve() for d in map(Path, dirs) for p in d.rglob("metrics.jsonl")})
+discover_runs = results.discover_runs
 
 
 def group_runs(runs: list[Path]) -> tuple[dict[str, list[Path]], dict[str, str]]:
@@ -120,7 +91,7 @@ def curves(groups: dict[str, list[Path]]) -> list[dict]:
     """Every (group, agent, split, metric) curve: `band` over the group's seeds, plus its identifiers."""
     out = []
     for label, runs in groups.items():
-        data = [series(read_metrics(run / "metrics.jsonl")) for run in runs]
+        data = [series(results.metrics(run / results.METRICS)) for run in runs]
         for agent in discover_agents({k for d in data for k in d}):
             for split in ("train", "eval"):
                 for metric in PANELS:
@@ -139,7 +110,7 @@ def describe_groups(groups: dict[str, list[Path]]) -> dict[str, dict]:
     new roles, from the runs' logged `cory/swaps` (their union; the seeds of a group share the swap period)}."""
     out = {}
     for label, runs in groups.items():
-        steps = sorted({k for run in runs for k in swaps(series(read_metrics(run / "metrics.jsonl")))})
+        steps = sorted({k for run in runs for k in swaps(series(results.metrics(run / results.METRICS)))})
         out[label] = {"runs": [dataclasses.asdict(figures.read_run_info(run)) for run in runs], "swaps": steps}
     return out
 
@@ -168,7 +139,7 @@ def plot(curve_list: list[dict], out_prefix: Path, title: str = "", groups: dict
     axes = dict(zip(PANELS, fig.subplots(1, len(PANELS))))
     for metric, ax in axes.items():
         for c in (c for c in curve_list if c["metric"] == metric):
-            color, name = colors[c["label"]], f"{c['label']} · {c['agent']}"
+            color, name = colors[c["label"]], f"{figures.setting_label(c['label'])} · {c['agent']}"
             several = [n > 1 for n in c["seeds"]]
             if c["split"] == "train":
                 mean = c["mean"]
@@ -194,7 +165,9 @@ def plot(curve_list: list[dict], out_prefix: Path, title: str = "", groups: dict
                     label=f"{name} (held-out)",
                 )
         for label, steps in swapping.items():
-            figures.mark_swaps(ax, steps, label=f"role swap ({label})" if len(labels) > 1 else "role swap")
+            named = f"role swap ({figures.setting_label(label)})" if len(labels) > 1 else "role swap"
+            figures.mark_swaps(ax, steps, label=named)
+        figures.iteration_axis(ax)
         ax.set_title(names[metric][0])
         ax.set_ylabel(names[metric][1])
         ax.set_xlabel("training iteration")
@@ -220,23 +193,23 @@ def final_table(curve_list: list[dict], last: int) -> str:
             train = train_curves.get((c["label"], c["agent"], c["metric"]))
             tail = f"{statistics.fmean(train['mean'][-last:]):.4g}" if train else "-"
             final = f"{c['mean'][-1]:.4g} [{c['low'][-1]:.4g}, {c['high'][-1]:.4g}]"
-            rows.append((c["label"], c["agent"], c["metric"], final, tail, str(c["seeds"][-1])))
+            rows.append((figures.setting_label(c["label"]), c["agent"], c["metric"], final, tail, str(c["seeds"][-1])))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows)
 
 
-def select_runs(dirs: Sequence[Path], where: Sequence[str]) -> tuple[list[Path], str | None]:
-    """The runs under `dirs` with every `--where` setting, or ([], one line saying what was searched and why
-    nothing matched)."""
+def select_runs(dirs: Sequence[Path], where: Sequence[str]) -> list[Path]:
+    """The runs under `dirs` with every `--where` setting; `StudyError` saying what was searched and why nothing
+    matched."""
     missing = [str(d) for d in dirs if not Path(d).exists()]
     if missing:
-        return [], f"error: no such folder: {', '.join(missing)}"
+        raise StudyError(f"no such folder: {', '.join(missing)}")
     found = discover_runs(dirs)
     searched = ", ".join(map(str, dirs))
     if not found:
-        return [], (
-            f"error: no run (a folder holding metrics.jsonl) under {searched}; "
-            "pass the folders that `python -m cory.train` or scripts/run_sweep.py wrote"
+        raise StudyError(
+            f"no run (a folder holding metrics.jsonl) under {searched}; "
+            "pass the folders that `cory-train` or `cory-sweep` wrote"
         )
     wanted = dict(w.split("=", 1) for w in where)
     settings = {run: run_settings(run) for run in found}
@@ -244,19 +217,46 @@ def select_runs(dirs: Sequence[Path], where: Sequence[str]) -> tuple[list[Path],
     if not runs:
         seen = {k: sorted({s.get(k, "(unset)") for s in settings.values()}) for k in wanted}
         have = "; ".join(f"{k} is {', '.join(v)}" for k, v in seen.items())
-        return [], (
-            f"error: {len(found)} runs under {searched}, none with {' '.join(where)} ({have}); "
+        raise StudyError(
+            f"{len(found)} runs under {searched}, none with {' '.join(where)} ({have}); "
             "change --where to one of these values"
         )
-    return runs, None
+    return runs
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+CURVE_KEYS = ("label", "agent", "split", "metric", "iterations", "mean", "low", "high", "seeds")
+
+
+def _saved(path: Path) -> tuple[dict, list[dict], dict]:
+    """(shared settings, curves, groups) of a PREFIX.json this command wrote, each curve checked."""
+    saved = results.read_json(path)
+    shared, curve_list, groups = saved.get("shared"), saved.get("curves"), saved.get("groups", {})
+    if not isinstance(shared, dict) or not isinstance(curve_list, list) or not isinstance(groups, dict):
+        raise StudyError(
+            f"{path} is not a curves JSON of `cory-plot curves` (shared, curves, groups); pass its PREFIX.json"
+        )
+    for i, c in enumerate(curve_list):
+        where = f"{path} curve {i}"
+        for key in CURVE_KEYS:
+            results.field(c, key, where)
+        for key in ("iterations", "mean", "low", "high", "seeds"):
+            if not isinstance(c[key], list) or len(c[key]) != len(c["iterations"]):
+                raise StudyError(f"{where}: {key} is not a list as long as its iterations; the file is corrupt")
+            for v in c[key]:
+                results.number(v, f"{where}: {key}")
+    for label, g in groups.items():
+        results.field(g, "runs", f"{path} group {label}")
+    return shared, curve_list, groups
+
+
+def run(argv: Sequence[str] | None = None, prog: str = "cory-plot curves") -> int:
+    parser = command.parser(prog, __doc__)
     parser.add_argument("dirs", nargs="*", type=Path, help="sweep or run folders searched for metrics.jsonl")
-    parser.add_argument("--from-json", type=Path, default=None, help="redraw from a PREFIX.json this script wrote")
+    parser.add_argument("--from-json", type=Path, default=None, help="redraw from a PREFIX.json this command wrote")
     parser.add_argument("--out", type=Path, default=None, help="output prefix (default: <first dir>/sweep_curves)")
-    parser.add_argument("--last", type=int, default=5, help="iterations averaged for the printed training value")
+    parser.add_argument(
+        "--last", type=command.positive_int, default=5, help="iterations averaged for the printed value"
+    )
     parser.add_argument("--smooth", type=int, default=0, help="moving mean over N iterations (raw kept faint)")
     parser.add_argument("--title", default=None, help="heading above the description of the runs")
     parser.add_argument(
@@ -269,38 +269,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--where takes KEY=VALUE")
 
     if args.from_json:
-        try:
-            saved = json.loads(args.from_json.read_text(encoding="utf-8"))
-            shared, curve_list, groups = saved["shared"], saved["curves"], saved.get("groups", {})
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            print(
-                f"error: cannot read {args.from_json} as a curves JSON ({type(err).__name__}: {err})", file=sys.stderr
-            )
-            return 1
+        shared, curve_list, groups = _saved(args.from_json)
         out = args.out or args.from_json.with_suffix("")
         n_runs = sum(len(g["runs"]) for g in groups.values())
     else:
-        runs, problem = select_runs(args.dirs, args.where)
-        if problem:
-            print(problem, file=sys.stderr)
-            return 1
+        runs = select_runs(args.dirs, args.where)
         run_groups, shared = group_runs(runs)
         curve_list, groups = curves(run_groups), describe_groups(run_groups)
         out, n_runs = args.out or args.dirs[0] / "sweep_curves", len(runs)
     if not curve_list:
-        print("error: the runs logged no task_reward, kl or combined_reward to plot", file=sys.stderr)
-        return 1
-    try:
+        raise StudyError("the runs logged no task_reward, kl or combined_reward to plot; are they cory runs?")
+    with command.output(out):
         result = plot(curve_list, out, args.title or "", groups, args.smooth)
         payload = {"shared": shared, "curves": curve_list, "groups": groups}
         Path(f"{out}.json").write_text(json.dumps(payload, indent=1))
-    except OSError as err:
-        print(figures.write_error(err), file=sys.stderr)
-        return 2
     print(final_table(curve_list, args.last))
     print(f"{n_runs} runs in {len(groups) or len({c['label'] for c in curve_list})} groups → "
           f"{', '.join(map(str, result['files']))}")  # fmt: skip
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return command.guard(run, argv)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
 """Run a sweep resumably on one machine: each job in its own fixed folder, finished jobs skipped, stopped ones resumed.
 
-    python scripts/run_sweep.py --dir outputs/reproduction/runs/curves [--jobs 2] [--threads 1] \\
+    cory-sweep --dir outputs/reproduction/runs/curves [--jobs 2] [--threads 1] \\
         [--results outputs/reproduction/results] \\
         experiment=cpu_imdb sweep=cpu_imdb_curves [more overrides, sweeps such as seed=0,1 included]
 
-The jobs are exactly those of `python -m cory.train -m <the same overrides>`: the sweep file's
+The jobs are exactly those of `cory-train -m <the same overrides>`: the sweep file's
 `hydra.sweeper.params` and the command-line sweeps, expanded by Hydra's own basic sweeper. Each job runs as
 `python -m cory.train <its overrides> hydra.run.dir=<DIR>/<what varies>/seed=<n>` in a subprocess with
 `--threads` torch/OpenMP threads, `--jobs` at a time. Running the same command again
@@ -26,11 +26,13 @@ are copied to `RESULTS/<the job's folder name>/` as soon as it finishes, so that
 while the run folders (gigabytes of checkpoints) stay out of git.
 At the end the sweep is summarised like a `-m` multirun (`cory.callbacks.summarise_sweep`): `frontier.{png,csv,
 json}` in DIR and, with `logger=wandb`, the W&B summary run of the sweep's group.
+Overrides that do not compose, `--jobs 0`, a second driver on the same folder, or a `--dir` or `--results` that
+cannot be written is one line and exit code 2 (a job that fails says so in its log and the sweep goes on). The same
+command: `python -m cory.studies.run_sweep`.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shlex
@@ -42,8 +44,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # `python scripts/run_sweep.py` runs from the checkout
+from cory.studies import command
+from cory.studies.command import StudyError
 
 LOCK = ".run_sweep.pid"
 # what `--results` keeps of a finished run: enough to redraw its curves and recompute every statistic
@@ -53,23 +55,38 @@ PASSK_FILES = {"passk.json": "passk.json", "results.jsonl": "passk_results.jsonl
 
 
 def compose(overrides: list[str]):
-    """The config `python -m cory.train <overrides>` composes (sweep values left out), Hydra's part included."""
-    from cory.cli import compose as cory_compose
-
-    return cory_compose(overrides, hydra_config=True)
+    """The config `cory-train <overrides>` composes (sweep values left out), Hydra's part included."""
+    return command.compose(overrides, hydra_config=True)
 
 
 def expand(overrides: list[str]) -> tuple[list[list[str]], object]:
     """The jobs of `-m <overrides>` (each a list of `key=value`) and the config composed without sweep values."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    from cory.errors import ConfigError, one_line
 
     parser = OverridesParser.create()
-    fixed = [o.input_line for o in parser.parse_overrides(overrides) if not o.is_sweep_override()]
-    cfg = compose(fixed)
-    params = [f"{k}={v}" for k, v in (cfg.hydra.sweeper.params or {}).items()]
-    (jobs,) = BasicSweeper.split_arguments(parser.parse_overrides(params + overrides), max_batch_size=None)
+    try:
+        fixed = [o.input_line for o in parser.parse_overrides(overrides) if not o.is_sweep_override()]
+        cfg = compose(fixed)
+        params = [f"{k}={v}" for k, v in (cfg.hydra.sweeper.params or {}).items()]
+        (jobs,) = BasicSweeper.split_arguments(parser.parse_overrides(params + overrides), max_batch_size=None)
+    except HydraException as err:  # a malformed override (`seed=0,`, a quote left open): name it
+        bad = next((o for o in overrides if not _parses(parser, o)), None)
+        raise ConfigError(f"{bad}: {one_line(err)}" if bad else one_line(err)) from None
     return jobs, cfg
+
+
+def _parses(parser, override: str) -> bool:
+    from hydra.errors import HydraException
+
+    try:
+        parser.parse_overrides([override])
+    except HydraException:
+        return False
+    return True
 
 
 def job_folders(jobs: list[list[str]], root: Path, default_seed: int) -> list[Path]:
@@ -81,7 +98,7 @@ def job_folders(jobs: list[list[str]], root: Path, default_seed: int) -> list[Pa
         name = ",".join(f"{k}={values[k]}" for k in sorted(varying - {"seed"}) if k in values) or "run"
         folders.append(root / name / f"seed={values.get('seed', default_seed)}")
     if len(set(folders)) != len(folders):
-        raise SystemExit("error: two jobs map to one folder; give every swept key a distinct value")
+        raise StudyError("two jobs map to one folder; give every swept key a distinct value")
     return folders
 
 
@@ -106,10 +123,11 @@ def kept_files() -> list[tuple[Path, str]]:
 
 def collect(folder: Path, dest: Path) -> None:
     """Copy a finished run's kept files (`kept_files`) to `dest`."""
-    dest.mkdir(parents=True, exist_ok=True)
-    for path, kept_as in kept_files():
-        if (folder / path).is_file():
-            shutil.copyfile(folder / path, dest / kept_as)
+    with command.output(dest, "--results"):
+        dest.mkdir(parents=True, exist_ok=True)
+        for path, kept_as in kept_files():
+            if (folder / path).is_file():
+                shutil.copyfile(folder / path, dest / kept_as)
 
 
 def restore(kept: Path, folder: Path, evaluate: bool = False) -> bool:
@@ -133,7 +151,7 @@ def evaluate_command(folder: Path, args: list[str]) -> list[str]:
     return [sys.executable, "-m", "cory.evaluate", str(folder), *args, "--out", str(folder / PASSK)]
 
 
-def command(job: list[str], folder: Path, how: str, alias: Path) -> list[str]:
+def train_command(job: list[str], folder: Path, how: str, alias: Path) -> list[str]:
     """The job's `python -m cory.train` command line: a fresh start into `folder`, or its resume.
 
     Folder names hold `=` and `,`, which Hydra's override grammar accepts only quoted; `resume=` takes a plain path,
@@ -221,7 +239,6 @@ class Driver:
         print(f"[sweep] start {name}: {' '.join(cmd[2:])}", flush=True)
         proc = subprocess.Popen(
             cmd,
-            cwd=ROOT,
             env=self.env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -241,31 +258,39 @@ def _alive(lock: Path) -> bool:
     return True
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def run(argv: Sequence[str] | None = None, prog: str = "cory-sweep") -> int:
+    parser = command.parser(prog, __doc__)
     parser.add_argument("--dir", type=Path, required=True, help="the sweep folder (fixed, so a rerun resumes)")
-    parser.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2)")
-    parser.add_argument("--threads", type=int, default=1, help="torch/OpenMP threads per run (default 1)")
+    parser.add_argument("--jobs", type=command.positive_int, default=2, help="runs at a time (default 2)")
+    parser.add_argument(
+        "--threads", type=command.positive_int, default=1, help="torch/OpenMP threads per run (default 1)"
+    )
     parser.add_argument("--results", type=Path, help="copy each finished run's small files here (to commit)")
     parser.add_argument(
         "--evaluate",
         metavar="ARGS",
-        help='then score each trained run with `python -m cory.evaluate <run> ARGS` (e.g. "--n 8"): its pass@k',
+        help='then score each trained run with `cory-evaluate <run> ARGS` (e.g. "--n 8"): its pass@k',
     )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, sweeps included")
     args = parser.parse_args(argv)
+    try:
+        evaluate_args = shlex.split(args.evaluate) if args.evaluate is not None else None
+    except ValueError as err:
+        parser.error(f"--evaluate {args.evaluate!r}: {err}")
 
     jobs, cfg = expand(args.overrides)
     root = args.dir.resolve()
     folders = job_folders(jobs, root, cfg.seed)
-    root.mkdir(parents=True, exist_ok=True)
     lock = root / LOCK
     if _alive(lock):
-        print(f"error: another run_sweep.py (pid {lock.read_text().strip()}) is running in {root}", file=sys.stderr)
-        return 2
-    lock.write_text(str(os.getpid()))
-    evaluate = args.evaluate is not None
-    evaluation = [evaluate_command(f, shlex.split(args.evaluate)) for f in folders] if evaluate else []
+        raise StudyError(
+            f"another cory-sweep (pid {lock.read_text().strip()}) is running in {root}; wait for it or stop it"
+        )
+    with command.output(root, "--dir"):
+        root.mkdir(parents=True, exist_ok=True)
+        lock.write_text(str(os.getpid()))
+    evaluate = evaluate_args is not None
+    evaluation = [evaluate_command(f, evaluate_args) for f in folders] if evaluate else []
     try:
         todo = []
         for i, (job, folder) in enumerate(zip(jobs, folders, strict=True)):
@@ -284,7 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print(f"[sweep] skip (a run without run_config.yaml; move it away to rerun): {name}")
                     continue
                 shutil.rmtree(folder)
-            train = [] if how == "evaluate" else [command(job, folder, how, alias=root / ".resume" / str(i))]
+            train = [] if how == "evaluate" else [train_command(job, folder, how, alias=root / ".resume" / str(i))]
             todo.append((name, folder, train + evaluation[i : i + 1]))
         print(f"[sweep] {len(jobs)} jobs, {len(todo)} to run ({args.jobs} at a time) in {root}", flush=True)
         if args.jobs > 1 and len(todo) > 1:
@@ -309,6 +334,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     summarise_sweep(root, cfg)
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return command.guard(run, argv)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """How much more the collective reward spreads than one agent's, on the initial model: σ(r1 + r2) / σ(r1).
 
-    python scripts/reward_spread.py --batches 8 experiment=imdb_claim_cory_released [--out spread.json]
+    cory-measure reward-spread --batches 8 experiment=imdb_claim_cory_released [--out spread.json]
 
-Builds CORY exactly as `python -m cory.train <overrides>` would (the same model, task, seed and data schedule), then,
+Builds CORY exactly as `cory-train <overrides>` would (the same model, task, seed and data schedule), then,
 without any update, plays the first `--batches` training iterations' rollouts: the pioneer answers, the observer
 answers with the pioneer's answer in view, both are scored on the query. It prints (and writes with `--out`) the
 standard deviations of r1, r2 and r1 + r2 over those episodes and the ratio.
@@ -10,35 +10,47 @@ standard deviations of r1, r2 and r1 + r2 over those episodes and the ratio.
 Why it matters (docs/results.md, "Pre-registration"): score normalisation divides the collective reward by its
 running σ, so a normalised CORY's KL penalty, in raw-reward units, is about β·σ(r1 + r2) where PPO's is β·1 on its
 raw reward; this ratio, with the two β values, says how much more KL penalty the released script's CORY pays.
+
+Overrides that do not compose or validate, a run that is not CORY's (no pioneer and observer), fewer than two
+episodes, a reward that is NaN, or an unwritable `--out` are one line and exit code 2. The same command:
+`python -m cory.studies.reward_spread`.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+import math
 import statistics
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from cory.studies import command
+from cory.studies.command import StudyError
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batches", type=int, default=8, help="training iterations' batches to play (default 8)")
+def run(argv: Sequence[str] | None = None, prog: str = "cory-measure reward-spread") -> int:
+    parser = command.parser(prog, __doc__)
+    parser.add_argument(
+        "--batches", type=command.positive_int, default=8, help="training iterations' batches to play (default 8)"
+    )
     parser.add_argument("--out", type=Path, help="write the numbers here as JSON")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of a CORY run")
     args = parser.parse_args(argv)
 
     from cory.build import build_algorithm, build_context
-    from cory.cli import compose
 
-    cfg = compose(args.overrides)
+    cfg = command.compose(args.overrides)
     with tempfile.TemporaryDirectory() as run_dir:
         algorithm = build_algorithm(cfg, build_context(cfg, Path(run_dir)))
-        team, task = algorithm.team, algorithm.task
+        team, task = getattr(algorithm, "team", None), getattr(algorithm, "task", None)
+        agents = getattr(team, "agents", {})
+        if not {"llm1", "llm2"} <= set(agents) or not hasattr(task, "observer_prompt"):
+            raise StudyError(
+                f"{type(algorithm).__name__} has no pioneer and observer (llm1, llm2); measure a CORY run "
+                "(algorithm=cory)"
+            )
         pioneer, observer = team.agents["llm1"], team.agents["llm2"]
         r1, r2 = [], []
         for k in range(args.batches):
@@ -49,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
             obs = observer.act(obs_prompts, max_new_tokens, gen, batch)
             r1 += algorithm.scorer(queries, pio.responses)[0]
             r2 += algorithm.scorer(queries, obs.responses)[0]
+    if len(r1) < 2:
+        raise StudyError(f"{len(r1)} episode: a spread needs two or more; raise --batches or the batch size")
+    if not all(math.isfinite(v) for v in (*r1, *r2)):
+        raise StudyError("the reward scored NaN or infinity on some episode; check the task's reward")
     total = [a + b for a, b in zip(r1, r2)]
     result = {
         "overrides": args.overrides,
@@ -62,8 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(json.dumps(result, indent=2))
     if args.out:
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        with command.output(args.out):
+            args.out.write_text(json.dumps(result, indent=2) + "\n")
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return command.guard(run, argv)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """The IMDB claim study's pre-registered statistics and verdicts (docs/results.md, "Pre-registration").
 
-    python scripts/claim_report.py outputs/claim/results --out outputs/claim
+    cory-report claim outputs/claim/results --out outputs/claim
 
 Reads each run's committed `metrics.jsonl` under `RESULTS/experiment=<arm experiment>/seed=<n>/` (what
-`scripts/run_sweep.py --results` copies), pairs CORY's and PPO's runs of the same seed, and writes
+`cory-sweep --results` copies), pairs CORY's and PPO's runs of the same seed, and writes
 `claim.json` (every number), `claim.md` (the tables) and `claim.png` (every seed's held-out curves) into `--out`.
 
 Per arm (A: `imdb_claim_cory` vs `imdb_claim_ppo`; B: `imdb_claim_cory_released` vs `imdb_claim_ppo`;
@@ -17,18 +17,23 @@ C: `imdb_claim_cory_released` vs `imdb_claim_ppo_released`), over the seeds that
 A run is flat when its last two held-out KLs differ by under 10 %; a seed is flat in an arm when both its runs are;
 with fewer than two flat seeds (of three), or fewer than two seeds, every verdict of the arm is "undecided".
 Beside the flatness gate each run's KL growth over the last two evaluation intervals is reported (is it slowing?).
+The statistics are `cory.studies.stats`'s, the files are read by `cory.studies.results`: a corrupt, partial or
+non-numeric result, no arm with a finished pair, or an unwritable `--out` is one line and exit code 2. The same
+command: `python -m cory.studies.claim_report`.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from cory import figures
+from cory.studies import command, results
+from cory.studies.command import StudyError
+from cory.studies.stats import t_interval
 
 ARMS = {
     "A": ("imdb_claim_cory", "imdb_claim_ppo"),
@@ -41,39 +46,8 @@ FLAT = 0.10  # relative change of the held-out KL between the last two evaluatio
 
 
 def held_out(path: Path) -> list[dict]:
-    """`(iteration, reward, kl, combined)` of llm1's held-out evaluations, in order."""
-    from cory.loggers import read_metrics
-
-    rows = [r for r in read_metrics(path) if "eval/llm1/task_reward" in r]
-    return [
-        {
-            "iteration": r["iteration"],
-            "reward": r["eval/llm1/task_reward"],
-            "kl": r["eval/llm1/kl"],
-            "combined": r["eval/llm1/combined_reward"],
-        }
-        for r in rows
-    ]
-
-
-def finished(folder: Path) -> bool:
-    try:
-        return bool(json.loads((folder / "summary.json").read_text()).get("completed"))
-    except (OSError, ValueError):
-        return False
-
-
-def t_interval(values: list[float], level: float = 0.95) -> tuple[float, float, float]:
-    """(mean, low, high): the t interval of the mean over `values` (n − 1 degrees of freedom); n < 2 gives NaNs."""
-    n = len(values)
-    mean = sum(values) / n if n else math.nan
-    if n < 2:
-        return mean, math.nan, math.nan
-    from scipy import stats
-
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    half = stats.t.ppf(0.5 + level / 2, n - 1) * sd / math.sqrt(n)
-    return mean, mean - half, mean + half
+    """`(iteration, reward, kl, combined)` of llm1's held-out evaluations, in order (`cory.studies.results`)."""
+    return results.held_out(path, "llm1")
 
 
 def kl_at_reward(curve: list[dict], target: float) -> float:
@@ -107,11 +81,11 @@ def verdict(low: float, high: float, holds, fails) -> str:
     return "holds" if holds(low, high) else "does not hold" if fails(low, high) else "undecided"
 
 
-def arm_report(results: Path, cory_exp: str, ppo_exp: str) -> dict:
+def arm_report(kept: Path, cory_exp: str, ppo_exp: str) -> dict:
     seeds = []
-    for folder in sorted((results / f"experiment={cory_exp}").glob("seed=*")):
-        other = results / f"experiment={ppo_exp}" / folder.name
-        if finished(folder) and finished(other):
+    for _, _, folder in results.kept_runs(kept, f"experiment={cory_exp}"):
+        other = kept / f"experiment={ppo_exp}" / folder.name
+        if results.finished(folder) and results.finished(other):
             seeds.append(
                 (int(folder.name.split("=")[1]), held_out(folder / "metrics.jsonl"), held_out(other / "metrics.jsonl"))
             )
@@ -126,10 +100,10 @@ def arm_report(results: Path, cory_exp: str, ppo_exp: str) -> dict:
                 "cory": c,
                 "ppo": p,
                 "reward_diff": c["reward"] - p["reward"],
-                "kl_ratio": c["kl"] / p["kl"] if p["kl"] else math.nan,
+                "kl_ratio": _ratio(c["kl"], p["kl"]),
                 "combined_diff": c["combined"] - p["combined"],
                 "matched_reward": matched,
-                "kl_ratio_at_matched_reward": kl_at_reward(cory, matched) / kl_at_reward(ppo, matched),
+                "kl_ratio_at_matched_reward": _ratio(kl_at_reward(cory, matched), kl_at_reward(ppo, matched)),
                 "flat": is_flat(cory) and is_flat(ppo),
                 "kl_growth": {"cory": kl_growth(cory), "ppo": kl_growth(ppo)},
             }
@@ -153,6 +127,10 @@ def arm_report(results: Path, cory_exp: str, ppo_exp: str) -> dict:
     out["flat_seeds"] = n_flat
     out["powered"] = powered
     return out
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else math.nan  # a PPO run that never left π0 (KL 0) has no ratio
 
 
 def _growth(changes: list[float]) -> str:
@@ -188,47 +166,59 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(results: Path, out: Path) -> None:
-    import matplotlib
+def plot(kept: Path, out: Path) -> None:
+    """Every seed's held-out reward and KL of llm1 against the iteration, one line per run, coloured by experiment."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    experiments = sorted(p.name.split("=", 1)[1] for p in results.glob("experiment=*"))
-    if not experiments:
-        return
-    fig, (ax_r, ax_kl) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
-    colors = dict(zip(experiments, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
-    for exp in experiments:
-        for i, folder in enumerate(sorted((results / f"experiment={exp}").glob("seed=*"))):
-            curve = held_out(folder / "metrics.jsonl")
-            its = [c["iteration"] for c in curve]
-            label = exp if i == 0 else None
-            ax_r.plot(its, [c["reward"] for c in curve], "o-", color=colors[exp], alpha=0.8, label=label)
-            ax_kl.plot(its, [c["kl"] for c in curve], "o-", color=colors[exp], alpha=0.8)
+    runs = results.kept_runs(kept, "experiment=*")
+    experiments = sorted({experiment for experiment, _, _ in runs})
+    fig = Figure(figsize=(11, 4), constrained_layout=True)
+    FigureCanvasAgg(fig)
+    ax_r, ax_kl = fig.subplots(1, 2)
+    colors = {exp: f"C{i % 10}" for i, exp in enumerate(experiments)}
+    labelled = set()
+    for exp, _, folder in runs:
+        curve = held_out(folder / "metrics.jsonl")
+        its = [c["iteration"] for c in curve]
+        label = None if exp in labelled else exp
+        labelled.add(exp)
+        ax_r.plot(its, [c["reward"] for c in curve], "o-", color=colors[exp], alpha=0.8, label=label)
+        ax_kl.plot(its, [c["kl"] for c in curve], "o-", color=colors[exp], alpha=0.8)
     ax_r.set(xlabel="iteration", ylabel="held-out task reward, llm1 (TF-IDF logit)", title="every seed, one line each")
     ax_kl.set(xlabel="iteration", ylabel="held-out KL to π0, llm1 (nats)", title="every seed, one line each")
-    fig.legend(loc="outside lower center", ncols=len(experiments))
-    fig.savefig(out)
-    plt.close(fig)
+    for ax in (ax_r, ax_kl):
+        figures.iteration_axis(ax)
+    figures.figure_legend(fig, [ax_r], fontsize=10, ncols=len(experiments))
+    figures.save(fig, out, dpi=100)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def run(argv: Sequence[str] | None = None, prog: str = "cory-report claim") -> int:
+    parser = command.parser(prog, __doc__)
     parser.add_argument("results", type=Path, help="the folder of copied run results (experiment=*/seed=*/)")
     parser.add_argument("--out", type=Path, required=True, help="where claim.{json,md,png} go")
     args = parser.parse_args(argv)
-    if not any(args.results.glob("experiment=*/seed=*/metrics.jsonl")):
-        print(f"error: no run results under {args.results} (expected experiment=<arm>/seed=<n>/metrics.jsonl)")
-        return 2
+    if not results.kept_runs(args.results, "experiment=*"):
+        raise StudyError(f"no run results under {args.results} (expected experiment=<arm>/seed=<n>/metrics.jsonl)")
     report = {"arms": {arm: arm_report(args.results, *pair) for arm, pair in ARMS.items()}}
     report["arms"] = {arm: r for arm, r in report["arms"].items() if r["n"]}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "claim.json").write_text(json.dumps(report, indent=2))
-    (args.out / "claim.md").write_text(markdown(report))
-    plot(args.results, args.out / "claim.png")
-    print(markdown(report) or "no arm has a seed with both runs finished yet")
+    if not report["arms"]:
+        arms = "; ".join(f"{arm}: {cory} and {ppo}" for arm, (cory, ppo) in ARMS.items())
+        raise StudyError(
+            f"no arm has a seed with both of its runs finished under {args.results} (arms: {arms}); "
+            "finish the sweep first (its `cory-sweep` command, run again, continues it)"
+        )
+    with command.output(args.out):
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "claim.json").write_text(json.dumps(report, indent=2))
+        (args.out / "claim.md").write_text(markdown(report))
+        plot(args.results, args.out / "claim.png")
+    print(markdown(report))
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return command.guard(run, argv)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,25 @@
+"""`cory-measure`: measurements that build a run and play part of it, without training it to the end.
+
+cory-measure reward-spread --batches 8 experiment=imdb_claim_cory_released   # σ(r1 + r2) / σ(r1), no update
+cory-measure stop-latency experiment=smoke                                     # stop signal → checkpoint, seconds
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from cory.studies import command
+
+COMMANDS = {
+    "reward-spread": ("cory.studies.reward_spread", "how much more CORY's collective reward spreads than one agent's"),
+    "stop-latency": ("cory.studies.stop_latency", "seconds from a stop signal mid-update to the checkpoint on disk"),
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return command.guard(command.dispatch, "cory-measure", COMMANDS, __doc__.split("\n\n")[0], argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
