@@ -10,14 +10,15 @@ import math
 
 import pytest
 
-from cory.algorithms.team import TEAM_METRICS, role_metrics
+from cory.algorithms.team import role_metrics
 from cory.loggers import JsonlLogger, WandbLogger, resolve_wandb_mode, strip_secrets
 from cory.metrics import ROLES, RUN_METRICS, eval_key, markdown_table, ppo_key, role_key, train_key
 from cory.metrics import is_known_metric as _is_known
 from cory.ppo.metrics import PPO_METRICS
 
-# What PPO and CORY runs log: the PPO learner's names, CORY's by-role views, the trainer's own (docs/metrics.md).
-METRICS = PPO_METRICS | TEAM_METRICS | role_metrics(ROLES) | RUN_METRICS
+# What PPO and CORY runs log: the PPO learner's names, a team's by-role views, the trainer's own (docs/metrics.md;
+# a team's role map and schedule: `TEAM_METRICS`, its own table there).
+METRICS = PPO_METRICS | role_metrics(ROLES) | RUN_METRICS
 
 
 def is_known_metric(name: str) -> bool:
