@@ -176,11 +176,13 @@ DOC_FILE = re.compile(r"```(?:python|yaml)\n# ((?:mypkg|hydra_plugins)/\S+)[^\n]
 @pytest.mark.long
 @pytest.mark.slow
 def test_docs_extending_examples_run_as_printed_from_an_outside_package(tmp_path):
-    """docs/extending.md's algorithm, learner, task, reward and search-path plugin, written verbatim into a package
-    outside the repository: each runs through `cory-train` with no file of cory added or changed."""
+    """docs/extending.md's credit rule, advantage estimator, method from parts alone, task, reward and search-path
+    plugin, written verbatim into a package outside the repository: each runs through `cory-train` with no file of
+    cory added or changed."""
     blocks = DOC_FILE.findall((REPO / "docs" / "extending.md").read_text())
     written = {path for path, _ in blocks}
-    assert {"mypkg/independent.py", "mypkg/learner.py", "mypkg/tasks.py", "mypkg/rewards.py"} <= written
+    assert {"mypkg/credit.py", "mypkg/estimators.py", "mypkg/tasks.py", "mypkg/rewards.py"} <= written
+    assert {"mypkg/conf/algorithm/independent.yaml", "mypkg/conf/algorithm/credit/mean_team.yaml"} <= written
     assert "hydra_plugins/mypkg_searchpath/__init__.py" in written
     project = tmp_path / "mypkg_project"
     for path, text in blocks:
@@ -194,16 +196,40 @@ def test_docs_extending_examples_run_as_printed_from_an_outside_package(tmp_path
     before = subprocess.run(["git", "status", "--porcelain", "cory"], cwd=REPO, capture_output=True, text=True).stdout
     smoke = [str(BIN / "cory-train"), "experiment=smoke", "progress=false"]
 
-    def run(name: str, *overrides: str) -> dict:
+    def run(name: str, *overrides: str) -> tuple[dict, list[dict]]:
         _run([*smoke, *overrides, f"hydra.run.dir={tmp_path / name}"], tmp_path, extra)
-        return json.loads((tmp_path / name / "summary.json").read_text())
+        rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        return json.loads((tmp_path / name / "summary.json").read_text()), [r for r in rows if "train/llm1/kl" in r]
 
-    independent = run("independent", "algorithm=independent", "iterations=2")
+    # a method from parts alone: two agents, each on its own reward, nobody sees another's answer
+    independent, rows = run("independent", "algorithm=independent", "iterations=2")
     assert independent["algorithm"] == "independent" and set(independent["agents"]) == {"llm1", "llm2"}
+    assert all(r["train/llm1/collective_reward"] == r["train/llm1/task_reward"] for r in rows)
     _run([str(BIN / "cory-train"), f"resume={tmp_path / 'independent'}", "iterations=3"], tmp_path, extra)
     rows = [json.loads(line) for line in (tmp_path / "independent" / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows if "train/llm2/kl" in r] == [0, 1, 2]  # checkpoint, resume, one more
-    assert run("scaled", "algorithm=ppo_scaled", "iterations=1")["completed"] is True
-    assert run("prompts", "task=prompts", f"task.path={prompts}", "iterations=1")["task"] == "prompts"
+    # a credit rule: both agents learn the mean of their task rewards
+    mean_team, rows = run("credit", "algorithm=cory", "algorithm/credit=mean_team", "iterations=1")
+    assert mean_team["algorithm"] == "cory_mean_team" and mean_team["credit"] == "mean_team"
+    for r in rows:
+        team = (r["train/llm1/task_reward"] + r["train/llm2/task_reward"]) / 2
+        assert r["train/llm1/collective_reward"] == pytest.approx(team, abs=1e-6)
+        assert r["train/llm2/collective_reward"] == pytest.approx(team, abs=1e-6)
+    # an advantage estimator without a critic
+    batch_mean, rows = run("estimator", "algorithm=cory", "algorithm/advantage=batch_mean", "algorithm/critic=none")
+    assert batch_mean["algorithm"] == "cory_batch_mean" and batch_mean["advantage"] == "batch_mean"
+    assert rows and not any("ppo/llm1/value_loss" in r for r in rows)  # no value term, no value head trained
+    assert any(r["ppo/llm1/policy_loss"] != 0 for r in rows)
+    refused = subprocess.run(
+        [*smoke, "algorithm=cory", "algorithm/advantage=batch_mean", f"hydra.run.dir={tmp_path / 'refused'}"],
+        cwd=tmp_path,
+        env=env() | extra,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert refused.returncode == 2 and "would be trained for nothing" in refused.stderr.strip().splitlines()[-1]
+    prompts_run, _ = run("prompts", "task=prompts", f"task.path={prompts}", "iterations=1")
+    assert prompts_run["task"] == "prompts"
     after = subprocess.run(["git", "status", "--porcelain", "cory"], cwd=REPO, capture_output=True, text=True).stdout
-    assert after == before
+    assert after == before  # nothing of cory was edited
