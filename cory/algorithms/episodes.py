@@ -16,6 +16,7 @@ answer still there, or from the query alone): what a counterfactual credit rule 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cory.errors import ConfigError
@@ -27,12 +28,14 @@ from cory.tasks.base import SafeScorer, Task
 
 @dataclass
 class Played:
-    """One episode: each role's rollout (B samples) and task rewards r_k = r(q, a_k), and the failed scorings."""
+    """One episode: each role's rollout (B samples) and task rewards r_k = r(q, a_k), the failed scorings, and
+    `without(k)`: every role's task rewards had role k said nothing (`Chain.without`, replayed on demand)."""
 
     rollouts: list[Rollout]
     rewards: list[list[float]]
     failures: int = 0
-    replays: int = field(default=0)  # extra generations a counterfactual credit asked for
+    replays: int = 0  # extra generations `without` made (a counterfactual credit rule asked for them)
+    without: Callable[[int], list[list[float] | None]] = field(default=lambda k: [], repr=False)
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,9 @@ class Chain:
             r, failed = scorer(queries, rollout.responses)
             rewards.append(r)
             failures += failed
-        return Played(rollouts, rewards, failures)
+        played = Played(rollouts, rewards, failures)
+        played.without = lambda k: self.without(k, played, actors, task, scorer, queries, max_new_tokens, batch_size)
+        return played
 
     def without(
         self,

@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -49,8 +48,6 @@ from cory.ppo.rollout import Rollout, concat_rollouts
 from cory.preemption import abandonable
 from cory.tasks.base import SafeScorer
 
-# `Chain.play`'s arguments after the actors, by name (a counterfactual credit replays with the same ones)
-_PLAY = ("actors", "task", "scorer", "queries", "max_new_tokens", "batch_size")
 # What a frozen agent's iteration cannot report: statistics of an update it did not take.
 _UPDATE_ONLY = ("scaled_collective_reward", "entropy", "sampled_entropy")
 
@@ -176,40 +173,42 @@ class Team:
     def step(self, iteration: int) -> StepOutput:
         k, ids = iteration, list(self.team.agents)
         queries, max_new_tokens = self.team.batch(k)
-        # 1. who plays each role this iteration (a role exchange moves the role map, Eq. 5), and who learns
+        # 1. who plays each role this iteration (Eq. 5: the role map moves, not the weights)
         players = list(self.roles(k).values())
+        actors = [self.team.agents[a].actor for a in players]
         records: dict[str, _Record] = {}
-        played_first, failures, replays, generate_s, learn_s = None, 0, 0, 0.0, 0.0
-        for phase, learners in enumerate(self.schedule.phases(k, ids)):
-            t0 = time.perf_counter()
+        episodes, seconds = [], {"time/generate_s": 0.0, "time/learn_s": 0.0}
+        for phase, learners in enumerate(self.schedule.phases(k, ids)):  # one, unless updates are sequential
+            start = time.perf_counter()
             # a stop signal drops the iteration up to step 4: nothing a checkpoint holds has changed yet
             with abandonable() if phase == 0 else contextlib.nullcontext():
-                # 2-3. the roles answer in order, each answer scored on the query: r_k = r(q, a_k)
-                actors = [self.team.agents[a].actor for a in players]
-                args = (actors, self.task, self.scorer, queries, max_new_tokens, self.team.generation_batch_size)
-                played = self.episode.play(*args)
-                # 4. each role's reward from everyone's (a counterfactual rule replays roles without one answer)
-                rewards = self.credit(
-                    played.rewards, partial(self.episode.without, played=played, **dict(zip(_PLAY, args)))
+                # 2-3. the roles answer in order, each seeing the one before it; each answer scored on the query
+                played = self.episode.play(
+                    actors, self.task, self.scorer, queries, max_new_tokens, self.team.generation_batch_size
                 )
-            t1 = time.perf_counter()
-            # 5-7. V_old, the updates, the joint critic's update
-            self._update(k, players, learners, played, rewards, records)
-            generate_s, learn_s = generate_s + t1 - t0, learn_s + time.perf_counter() - t1
-            played_first = played_first or played
-            failures, replays = failures + played.failures, replays + played.replays
-        metrics = self._metrics(k, players, records, played_first)
-        metrics |= {"time/generate_s": generate_s, "time/learn_s": learn_s, "train/reward_failures": float(failures)}
-        if replays:
-            metrics["train/counterfactual_replays"] = float(replays)
-        rollouts = dict(zip(self.episode.roles, played_first.rollouts))
-        samples = sample_rows(queries, rollouts, dict(zip(self.episode.roles, played_first.rewards)), self.log_samples)
+                # 4. each role's reward from everyone's (Eq. 4; a counterfactual rule replays later roles)
+                rewards = self.credit(played.rewards, played.without)
+            middle = time.perf_counter()
+            # 5-7. V_old from the critic, one update per learning agent, the joint critic's update
+            self._update(players, learners, played, rewards, records)
+            seconds["time/generate_s"] += middle - start
+            seconds["time/learn_s"] += time.perf_counter() - middle
+            episodes.append(played)
+        first = episodes[0]
+        metrics = self._metrics(k, players, records, first) | seconds
+        metrics["train/reward_failures"] = float(sum(e.failures for e in episodes))
+        if any(e.replays for e in episodes):
+            metrics["train/counterfactual_replays"] = float(sum(e.replays for e in episodes))
+        roles = self.episode.roles
+        samples = sample_rows(
+            queries, dict(zip(roles, first.rollouts)), dict(zip(roles, first.rewards)), self.log_samples
+        )
         # the official code's disk swap, after a role exchange (docs/method.md §1.5)
         if self.schedule.resets_after(k):
             self.team.reset(k + 1)
         return StepOutput(metrics, samples, nonfinite(metrics), headline(metrics, ids))
 
-    def _update(self, k, players, learners, played: Played, rewards, records: dict[str, _Record]) -> None:
+    def _update(self, players, learners, played: Played, rewards, records: dict[str, _Record]) -> None:
         """Steps 5-7 for one phase: every agent in `learners` takes one update on the samples of its trainable
         roles (one batch per agent: a shared policy learns its roles' samples together); a joint critic then learns
         the returns of every role whose agent learned. Frozen agents are not touched."""
