@@ -41,6 +41,7 @@ SWEEP_EXPERIMENT = {
     "cpu_imdb_frontier": "cpu_imdb",
     "imdb_claim": None,  # the sweep chooses its experiments (the arms)
     "family_arithmetic": "gsm8k_cpu",
+    "family_parts": "gsm8k_cpu",
 }
 
 

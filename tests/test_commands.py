@@ -26,6 +26,7 @@ Run: `pytest tests/test_commands.py` (about a minute on 2 CPUs).
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import subprocess
@@ -290,4 +291,4 @@ def _check_train_command(line: str, tmp_path: Path, monkeypatch, capsys) -> None
     assert len(folders) == len(jobs) * seeds  # one folder per job
     for folder in folders:
         cfg = OmegaConf.load(folder / "run_config.yaml")
-        check_run_folder(folder, cfg.algorithm._target_.rsplit(".", 1)[-1].lower(), cfg.iterations)
+        check_run_folder(folder, json.loads((folder / "summary.json").read_text())["algorithm"], cfg.iterations)

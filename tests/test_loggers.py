@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from cory.algorithms.team import role_metrics
+from cory.algorithms.team import TEAM_METRICS, role_metrics
 from cory.loggers import JsonlLogger, WandbLogger, resolve_wandb_mode, strip_secrets
 from cory.metrics import ROLES, RUN_METRICS, eval_key, markdown_table, ppo_key, role_key, train_key
 from cory.metrics import is_known_metric as _is_known
@@ -22,7 +22,7 @@ METRICS = PPO_METRICS | role_metrics(ROLES) | RUN_METRICS
 
 
 def is_known_metric(name: str) -> bool:
-    return _is_known(name, METRICS)
+    return _is_known(name, METRICS | TEAM_METRICS)
 
 
 def metrics_markdown_table(catalogue: dict[str, str] | None = None) -> str:

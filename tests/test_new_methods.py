@@ -9,13 +9,15 @@ credited with; real tiny agents for what moves; runs through the entry point for
 from __future__ import annotations
 
 import math
+import os
+import signal
 from types import SimpleNamespace
 
 import pytest
 import torch
 from helpers.compose import compose_cfg
 from helpers.cory_setup import QUERIES, make_cory
-from helpers.runners import assert_same_rows, read_rows, resume_run, start_run
+from helpers.runners import assert_same_rows, read_rows, resume, resume_run, start, start_run, wait_for_train_row
 
 from cory.algorithms.credit import Collective, Counterfactual
 from cory.ppo import core as ppo_core
@@ -291,3 +293,37 @@ def test_every_new_method_is_a_config_of_the_family_sweep():
     cfg = compose_cfg(["experiment=gsm8k_cpu", "sweep=family_parts"], return_hydra_config=True)
     methods = set(str(cfg.hydra.sweeper.params.algorithm).split(","))
     assert {"cory_ccpo", "cory_chain3", "mappo3", "cory_teamtr"} <= methods
+
+
+# The members of the family whose SIGKILL resume no other test covers (PPO, CORY: test_robustness.py; LoRA CORY:
+# test_lora.py; MAFT: test_maft.py).
+FAMILY = (
+    ("algorithm=grpo",),
+    ("algorithm=cory_cc",),
+    ("algorithm=cory_interleaved", "algorithm.schedule.period=1"),
+    ("algorithm=cory_shared",),
+    ("algorithm=cory_lora_roles", "model.lora.enabled=true"),
+    ("algorithm=cory_ccpo",),
+    ("algorithm=cory_chain3", "algorithm.schedule.period=1"),
+    ("algorithm=mappo3",),
+    ("algorithm=cory_teamtr",),
+)
+
+
+@pytest.mark.long
+@pytest.mark.slow
+@pytest.mark.parametrize("overrides", FAMILY, ids=[o[0].removeprefix("algorithm=") for o in FAMILY])
+def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path, overrides):
+    """Killed with SIGKILL after its iteration-2 checkpoint, mid-run: the resumed run logs what an uninterrupted one
+    logs, every iteration and evaluation."""
+    args = (*overrides, "iterations=5", "save_every=2", "eval_every=2", "num_eval=4")
+    start_run(tmp_path, tmp_path / "whole", *args)
+    run_dir = tmp_path / "killed"
+    proc = start(run_dir, list(args))
+    try:
+        wait_for_train_row(run_dir, proc, 3)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    resume(run_dir)
+    assert_same_rows(read_rows(run_dir), read_rows(tmp_path / "whole"))

@@ -45,22 +45,20 @@ def run(argv: Sequence[str] | None = None, prog: str = "cory-measure reward-spre
     with tempfile.TemporaryDirectory() as run_dir:
         algorithm = build_algorithm(cfg, build_context(cfg, Path(run_dir)))
         team, task = getattr(algorithm, "team", None), getattr(algorithm, "task", None)
-        agents = getattr(team, "agents", {})
-        if not {"llm1", "llm2"} <= set(agents) or not hasattr(task, "observer_prompt"):
+        episode = getattr(algorithm, "episode", None)
+        if team is None or episode is None or len(episode.roles) != 2 or not {"llm1", "llm2"} <= set(team.agents):
             raise StudyError(
                 f"{type(algorithm).__name__} has no pioneer and observer (llm1, llm2); measure a CORY run "
                 "(algorithm=cory)"
             )
-        pioneer, observer = team.agents["llm1"], team.agents["llm2"]
+        actors = [team.agents["llm1"].actor, team.agents["llm2"].actor]
         r1, r2 = [], []
         for k in range(args.batches):
             queries, max_new_tokens = team.batch(k)
-            gen, batch = task.generation_kwargs, team.generation_batch_size
-            pio = pioneer.act([task.pioneer_prompt(q) for q in queries], max_new_tokens, gen, batch)
-            obs_prompts = [task.observer_prompt(q, a) for q, a in zip(queries, pio.responses)]
-            obs = observer.act(obs_prompts, max_new_tokens, gen, batch)
-            r1 += algorithm.scorer(queries, pio.responses)[0]
-            r2 += algorithm.scorer(queries, obs.responses)[0]
+            # CORY's episode (docs/method.md §1.2): the pioneer answers, the observer with its answer in view
+            played = episode.play(actors, task, algorithm.scorer, queries, max_new_tokens, team.generation_batch_size)
+            r1 += played.rewards[0]
+            r2 += played.rewards[1]
     if len(r1) < 2:
         raise StudyError(f"{len(r1)} episode: a spread needs two or more; raise --batches or the batch size")
     if not all(math.isfinite(v) for v in (*r1, *r2)):
