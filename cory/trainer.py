@@ -1,37 +1,36 @@
-"""The algorithm-agnostic loop: `algorithm.step` → metrics → evaluation → checkpoints.
+"""The algorithm-agnostic loop, read as the `Algorithm` protocol's docstring: step, evaluate, save.
+
+    evaluate (the one before training, or the one a stop deferred)
+    for each iteration k:
+        step k                → log its metrics and samples, check the weights are finite
+        evaluate when due     → log the held-out metrics and tables
+        save when due         → checkpoints/iter_<k+1>, written aside and renamed
+    report                    → summary.json, the console's last lines
 
 It knows an algorithm only through `cory.algorithms.base.Algorithm`: it never reads agents, learners or their
 hyperparameters, and never branches on which algorithm runs. Everything random is either derived from
-(seed, iteration) by the algorithm or saved in the checkpoint — the global RNGs here, the algorithm's own
-streams in its `save` — so a resumed run continues exactly. Checkpoints are written to a temporary folder and
-renamed, so a crash while writing leaves the previous one intact; loading one checks every file and every weight
-before the run trusts it.
+(seed, iteration) by the algorithm or saved in the checkpoint (the global RNGs here, the algorithm's own streams in
+its `save`), so a resumed run continues exactly. Loading a checkpoint checks every file and every weight before the
+run trusts it.
 
-On a stop signal (SIGTERM or SIGUSR1 from a cluster's pre-emption, a scheduler's own signal such as submitit's
-SIGUSR2, SIGINT from Ctrl-C) the run saves the last completed iteration within seconds (`cory.preemption`): an
-iteration still generating or scoring is dropped, together with its draws from the global RNGs, and the resumed
+How a run stops is `cory.stopping`'s: on a stop signal the run saves the last completed iteration within seconds;
+an iteration still generating or scoring is dropped, together with its draws from the global RNGs, and the resumed
 run redoes it; one already in its update finishes first, unless `snapshot_updates=true`: then the state after the
-completed iterations is written aside (RAM by default) before each iteration, the whole iteration may be dropped,
-and that copy becomes the checkpoint. An evaluation in progress is dropped too; the checkpoint
-records it as pending and the resumed run does it first. A scheduler's own handler for the signal (submitit's,
-which requeues the job) is called once the checkpoint is written. Weights that turn non-finite stop the run before
-they can be saved.
+completed iterations is written aside before each iteration, the whole iteration may be dropped, and that copy
+becomes the checkpoint. An evaluation in progress is dropped too; the checkpoint records it as pending and the
+resumed run does it first. Weights that turn non-finite stop the run before they can be saved.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
-import shutil
-import signal
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import torch
 from tqdm.auto import tqdm
 
@@ -51,9 +50,7 @@ from cory.errors import CheckpointError, NonFiniteError
 from cory.loggers import JsonlLogger, read_metrics
 from cory.metrics import MEMORY_PEAK_MB, NONFINITE_ITERATIONS, TIME_ITERATION
 from cory.settings import RunSettings
-
-# Signals that stop a run: SLURM's pre-emption (SIGTERM, and SIGUSR1 or SIGUSR2 as `--signal` asks), Ctrl-C
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+from cory.stopping import Snapshots, StopSignals, restore_rng_if_abandoned
 
 # torch's message when a sampling distribution or a kernel meets inf/NaN (e.g. weights blown up by a huge step)
 _NONFINITE_RUNTIME = re.compile(r"\b(inf|nan)\b", re.IGNORECASE)
@@ -88,13 +85,17 @@ class Trainer:
         self.nonfinite_iterations = 0
         self.metrics_lines = 0  # lines written to metrics.jsonl / samples.jsonl: a resume truncates to these
         self.samples_lines = 0
-        self.stop_requested = False
-        self.stopped_by: str | None = None  # the signal that stopped the run (SIGTERM, SIGINT, SIGUSR1, ...)
-        self._previous_handlers: dict = {}  # the handlers ours replaced while `fit` runs
+        snapshots = settings.snapshot_updates and distributed.world_size() == 1  # several processes never abandon
+        in_progress = (
+            "the iteration in progress is dropped and redone on resume"
+            if snapshots
+            else "one still generating is dropped and redone on resume; one in its update finishes first"
+        )
+        self.signals = StopSignals(in_progress)
+        self.snapshots = Snapshots(settings.snapshot_dir, self.run_dir / "checkpoints") if snapshots else None
         self.wandb_run_id = getattr(logger, "run_id", None)
         self.earlier_wall_s = 0.0  # wall time of the earlier starts, up to the checkpoint this one resumed from
         self._start_time = time.perf_counter()
-        self._snapshot: Path | None = None  # the state before the iteration in progress (`snapshot_updates`)
         self._eval_headline: dict[str, float] = {}
         self.report_lines: list[str] = []  # the algorithm's report, for the console once the run ends
 
@@ -110,9 +111,31 @@ class Trainer:
         )
 
     # ------------------------------------------------------------------------------------------------ loop
+    @property
+    def stopped_by(self) -> str | None:
+        """The signal that stopped the run (SIGTERM, SIGINT, SIGUSR1, ...), or None."""
+        return self.signals.stopped_by
+
     def fit(self) -> dict:
         self._start_time = time.perf_counter()
-        previous = self._install_signal_handlers()
+        with self.signals.installed():
+            try:
+                self._loop()
+            finally:
+                if self.snapshots is not None:
+                    self.snapshots.clear()
+        summary = self._summary(time.perf_counter() - self._start_time)
+        if distributed.world_size() > 1:  # every process must hold the same weights after data-parallel updates
+            summary["world_size"] = distributed.world_size()
+            if not distributed.sharded_weights():  # ZeRO-3: each process holds its own shard, by design
+                summary["weights_in_sync"] = distributed.weights_in_sync([t for _, t in self.algorithm.parameters()])
+        if distributed.is_main():
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
+
+    def _loop(self) -> None:
+        """The iterations from the current one to the last: step, evaluate, save; or stop on a signal."""
+        stopping = self.signals.should_stop
         bar = tqdm(
             range(self.iteration, self.s.iterations),
             initial=self.iteration,
@@ -126,7 +149,7 @@ class Trainer:
         try:
             self._run_pending_eval()  # before any update, or the one a signal deferred to this resume
             for k in bar:
-                if self._stopping():  # the signal came before this iteration (in an evaluation, or it was
+                if stopping():  # the signal came before this iteration (in an evaluation, or it was
                     self._stop_before(k, dropped=False)  # never abandonable): save what the run has
                     break
                 bad = self._iteration(k, bar)
@@ -136,9 +159,9 @@ class Trainer:
                 self.iteration = k + 1
                 last = self.iteration == self.s.iterations
                 self.pending_eval = last or bool(self.s.eval_every and self.iteration % self.s.eval_every == 0)
-                if self.pending_eval and not self._stopping():  # on a signal the checkpoint comes first; the
+                if self.pending_eval and not stopping():  # on a signal the checkpoint comes first; the
                     self._run_pending_eval()  # resume evaluates
-                stop = self._stopping()
+                stop = stopping()
                 if bad and self.bad_streak >= self.s.max_bad_iterations:
                     raise NonFiniteError(
                         f"{self.bad_streak} consecutive iterations had a non-finite loss, reward or KL "
@@ -155,28 +178,17 @@ class Trainer:
                     break
         finally:
             bar.close()
-            self._restore_signal_handlers(previous)
-            preemption.reset()
-            if self._snapshot is not None:
-                shutil.rmtree(self._snapshot.parent, ignore_errors=True)
-                self._snapshot = None
-        summary = self._summary(time.perf_counter() - self._start_time)
-        if distributed.world_size() > 1:  # every process must hold the same weights after data-parallel updates
-            summary["world_size"] = distributed.world_size()
-            if not distributed.sharded_weights():  # ZeRO-3: each process holds its own shard, by design
-                summary["weights_in_sync"] = distributed.weights_in_sync([t for _, t in self.algorithm.parameters()])
-        if distributed.is_main():
-            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        return summary
 
     def _iteration(self, k: int, bar: tqdm) -> bool | None:
         """One training iteration: step, metrics, log, weight check. Returns whether it was non-finite, or None
         when a stop signal dropped it (`cory.preemption`): nothing logged, the global RNGs as they were."""
         t0 = time.perf_counter()
-        droppable = self._take_snapshot()  # with a copy of the state before it, the whole iteration may be dropped
+        droppable = self.snapshots is not None  # with a copy of the state before it, the iteration may be dropped
+        if droppable:
+            self.snapshots.take(lambda path: write_checkpoint(path, self.algorithm.save, self._state(), 1, False))
         with (
             self._nonfinite_guard(f"iteration {k}"),
-            _restore_rng_if_abandoned() as abandoned,
+            restore_rng_if_abandoned() as abandoned,
             preemption.abandonable() if droppable else contextlib.nullcontext(),
         ):
             out = self.algorithm.step(k)
@@ -212,25 +224,6 @@ class Trainer:
                 if distributed.is_main():  # the one that evaluated
                     runtime.say(f"[cory] evaluation after {self.iteration} iterations: {shown}")
 
-    def _stopping(self) -> bool:
-        """Whether the run stops here on a stop signal. With several processes, whether any process got one: they
-        must all take the same branch (a checkpoint and the next iteration are collective), and a signal reaches
-        each process at its own moment, not at the same point of the loop. Collective then: every process calls it
-        at the same points."""
-        if distributed.world_size() == 1:
-            return self.stop_requested
-        # the agreed answer, not this process's flag read again: a signal landing during the exchange is seen by
-        # every process at the next decision point
-        agreed = next(
-            (n for n in distributed.every((self.stopped_by or "signal") if self.stop_requested else None) if n), None
-        )
-        if agreed is None:
-            return False
-        if not self.stop_requested:  # another process's signal stops this one too
-            self.stop_requested, self.stopped_by = True, agreed
-            preemption.request_stop()
-        return True
-
     def _stop_before(self, k: int, dropped: bool) -> None:
         """Stopped by a signal before iteration k changed anything (`dropped`: it had begun): checkpoint the
         completed iterations, unless the latest checkpoint holds exactly them already, none was done, or the last
@@ -243,11 +236,12 @@ class Trainer:
         )
         saved = not have and self.iteration > 0 and self.bad_streak == 0
         saved = distributed.every(saved)[0]  # rank 0's view of the checkpoints it wrote: saving is collective
-        if dropped and self._snapshot is not None:  # the step may have stopped half-way through its update
+        snapshot = self.snapshots.path if self.snapshots is not None else None
+        if dropped and snapshot is not None:  # the step may have stopped half-way through its update
             if saved:  # the snapshot is the state after the completed iterations: it becomes their checkpoint
-                install_checkpoint(self._snapshot, self._checkpoint_path(), self.s.keep_checkpoints)
+                install_checkpoint(snapshot, self._checkpoint_path(), self.s.keep_checkpoints)
             earlier = self.earlier_wall_s  # this start's time is counted by `fit`, not again from the snapshot
-            self.load_checkpoint(self._snapshot)  # the weights in memory too, for whoever uses them after `fit`
+            self.load_checkpoint(snapshot)  # the weights in memory too, for whoever uses them after `fit`
             self.earlier_wall_s = earlier
         elif saved:
             self.save_checkpoint()
@@ -278,10 +272,11 @@ class Trainer:
             return {}
         with (
             self._nonfinite_guard(f"the evaluation at iteration {self.iteration}"),
-            _restore_rng_if_abandoned() as abandoned,
+            restore_rng_if_abandoned() as abandoned,
         ):
             # under ZeRO and FSDP every process evaluates, in step: each stops between parts only when all do
-            stopped = self._stopping if distributed.sharded() else lambda: self.stop_requested
+            signals = self.signals
+            stopped = signals.should_stop if distributed.sharded() else lambda: signals.requested
             out = self.algorithm.evaluate(self.iteration, final, stopped)
             if out is None:  # stopped between its parts: it stays owed, and what it drew is put back
                 raise preemption.Abandoned
@@ -318,27 +313,6 @@ class Trainer:
 
     def _checkpoint_path(self) -> Path:
         return self.run_dir / "checkpoints" / f"iter_{self.iteration:06d}"
-
-    def _take_snapshot(self) -> bool:
-        """With `snapshot_updates`, write the state after the completed iterations (what their checkpoint would
-        hold, without checksums) to the snapshot folder, replacing the previous one; a stop signal anywhere in the
-        next iteration then drops it and installs this as the checkpoint (`_stop_before`), instead of waiting for
-        the update to end. Returns whether it did. Never with several processes: they never abandon."""
-        if not self.s.snapshot_updates or distributed.world_size() > 1:
-            return False
-        if self._snapshot is None:
-            shm = Path("/dev/shm")
-            default = shm if shm.is_dir() and os.access(shm, os.W_OK) else self.run_dir / "checkpoints"
-            parent = Path(self.s.snapshot_dir or default).expanduser()
-            parent.mkdir(parents=True, exist_ok=True)
-            for stale in parent.glob("cory-snapshot-*-*"):  # a killed run's (SIGKILL): RAM is not freed otherwise
-                pid = stale.name.split("-")[2]  # this user's, of a process gone from this machine
-                if pid.isdigit() and not psutil.pid_exists(int(pid)) and stale.stat().st_uid == os.getuid():
-                    shutil.rmtree(stale, ignore_errors=True)
-            self._snapshot = Path(tempfile.mkdtemp(prefix=f"cory-snapshot-{os.getpid()}-", dir=parent)) / "iter"
-        shutil.rmtree(self._snapshot, ignore_errors=True)  # one copy at a time: a model's worth of memory
-        write_checkpoint(self._snapshot, self.algorithm.save, self._state(), keep=1, checksums=False)
-        return True
 
     def _state(self) -> dict:
         """`trainer.json` of a checkpoint taken now."""
@@ -429,79 +403,6 @@ class Trainer:
         # the whole run's wall time: this start's, plus the earlier starts' up to the checkpoint it resumed from
         return summary | {"wall_time_s": self.earlier_wall_s + wall_s, "wall_time_this_start_s": wall_s}
 
-    def _install_signal_handlers(self) -> dict:
-        """The stop signals (`STOP_SIGNALS`) save the last completed iteration at once and end the run cleanly; the
-        same signal again aborts (the handler it replaced takes it). Outside the main thread (a launcher's worker
-        thread) handlers cannot be set; signals are left alone."""
-
-        in_progress = (
-            "the iteration in progress is dropped and redone on resume"
-            if self.s.snapshot_updates and distributed.world_size() == 1
-            else "one still generating is dropped and redone on resume; one in its update finishes first"
-        )
-
-        def handler(signum: int, _frame) -> None:
-            name = signal.Signals(signum).name
-            if not self.stop_requested:
-                self.stop_requested, self.stopped_by = True, name
-                # os.write, not print: the handler may interrupt a print to the same stream (a reentrant write fails)
-                os.write(
-                    2,
-                    f"\n[cory] {name} received: saving the last completed iteration now ({in_progress}); send it "
-                    f"again to abort\n".encode(),
-                )  # a second, different stop signal (a sweep master's SIGTERM after Ctrl-C) says nothing
-            signal.signal(signum, previous.get(signum, signal.SIG_DFL))
-            preemption.request_stop()  # inside generation, scoring or evaluation: raises `Abandoned` there
-
-        previous = {}
-        try:
-            for sig in STOP_SIGNALS:
-                previous[sig] = signal.signal(sig, handler)
-        except ValueError:  # not the main thread (e.g. inside some launchers): leave signals alone
-            pass
-        self._previous_handlers = dict(previous)
-        preemption.reset()
-        # a handler ours replaced may hold a stop signal that came while the run was being built (a joblib sweep
-        # worker's, `cory.callbacks`): the run stops as if it came now, before its first iteration
-        early = next((h.stop_signal for h in previous.values() if getattr(h, "stop_signal", None)), None)
-        if early is not None:
-            handler(signal.Signals[early], None)
-        return previous
-
     def pass_on_stop_signal(self) -> None:
-        """Once the run has stopped on a signal and saved: hand the signal to the Python handler ours replaced,
-        if any (submitit's, which checkpoints the job's call, requeues the job and exits). Ctrl-C's default
-        handler is not called (it would raise KeyboardInterrupt after a clean stop)."""
-        if self.stopped_by is None:
-            return
-        signum = signal.Signals[self.stopped_by]
-        previous = self._previous_handlers.get(signum)
-        if callable(previous) and previous is not signal.default_int_handler:
-            runtime.say(f"[cory] passing {self.stopped_by} on to the handler that was installed before the run")
-            previous(signum, None)
-
-    @staticmethod
-    def _restore_signal_handlers(previous: dict) -> None:
-        for sig, h in previous.items():
-            try:
-                signal.signal(sig, h)
-            except (ValueError, TypeError):
-                pass
-
-
-class _Outcome:
-    happened = False
-
-
-@contextlib.contextmanager
-def _restore_rng_if_abandoned() -> Iterator[_Outcome]:
-    """Catch `preemption.Abandoned` from the block and put the global python, numpy and torch RNGs back as they
-    were when it began: the dropped work leaves nothing a checkpoint would hold. `.happened` says whether it was."""
-    python_numpy, torch_states = runtime.rng_state(), runtime.torch_rng_states()
-    outcome = _Outcome()
-    try:
-        yield outcome
-    except preemption.Abandoned:
-        runtime.set_rng_state(python_numpy)
-        runtime.set_torch_rng_states(torch_states)
-        outcome.happened = True
+        """Once the run has stopped on a signal and saved: the handler the run replaced takes it (`cory.stopping`)."""
+        self.signals.pass_on()

@@ -37,6 +37,7 @@ from helpers.runners import (
 
 import cory.engines
 import cory.ppo.learner
+import cory.stopping
 import cory.trainer
 from cory import preemption, runs
 from cory.algorithms.team import Team
@@ -121,13 +122,13 @@ def test_without_putting_the_rngs_back_the_resume_would_differ(tmp_path, tmp_pat
 
     @contextlib.contextmanager
     def keep_moved_rngs():
-        outcome = cory.trainer._Outcome()
+        outcome = cory.stopping.Outcome()
         try:
             yield outcome
         except preemption.Abandoned:
             outcome.happened = True
 
-    monkeypatch.setattr(cory.trainer, "_restore_rng_if_abandoned", keep_moved_rngs)
+    monkeypatch.setattr(cory.trainer, "restore_rng_if_abandoned", keep_moved_rngs)
     signal_during(monkeypatch, signal.SIGTERM, 1, "score")
     run_dir = tmp_path / "run"
     start_run(tmp_path, run_dir)
@@ -205,8 +206,11 @@ def test_without_the_snapshot_the_half_done_update_would_be_saved_and_the_resume
     real = cory.trainer.Trainer._stop_before
 
     def save_what_memory_holds(self, k, dropped):
-        self._snapshot = None  # `_stop_before` then checkpoints the half-updated weights
-        return real(self, k, dropped)
+        kept, self.snapshots.path = self.snapshots.path, None  # `_stop_before` checkpoints the half-updated weights
+        try:
+            return real(self, k, dropped)
+        finally:
+            self.snapshots.path = kept
 
     monkeypatch.setattr(cory.trainer.Trainer, "_stop_before", save_what_memory_holds)
     signal_in_optimizer_step(monkeypatch, signal.SIGTERM, 1, 2)

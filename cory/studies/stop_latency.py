@@ -33,14 +33,15 @@ from cory.studies.command import StudyError
 def measure(overrides: list[str], snapshot: bool) -> dict:
     """Train 2 iterations with a SIGTERM after the first optimiser step of the second; the timings."""
     import cory.engines
+    import cory.stopping
     import cory.trainer
     from cory.train import train
 
     args = [*overrides, "iterations=2", "save_every=0", "progress=false", f"snapshot_updates={str(snapshot).lower()}"]
     cfg = command.compose(args)  # a mistyped override is refused before anything is patched or trained
     seen: dict = {"iteration": None, "snapshot_s": [], "steps": 0, "signal": None, "checkpoint": None}
-    trainer, engines = cory.trainer.Trainer, cory.engines
-    real_iteration, real_snapshot, real_save = trainer._iteration, trainer._take_snapshot, trainer.save_checkpoint
+    trainer, engines, snapshots = cory.trainer.Trainer, cory.engines, cory.stopping.Snapshots
+    real_iteration, real_snapshot, real_save = trainer._iteration, snapshots.take, trainer.save_checkpoint
     real_step, real_install = engines.optimizer_step, cory.trainer.install_checkpoint
 
     def iteration(self, k, bar):
@@ -55,12 +56,10 @@ def measure(overrides: list[str], snapshot: bool) -> dict:
             os.kill(os.getpid(), signal.SIGTERM)  # the handler runs before the next line
         return done
 
-    def take_snapshot(self):
+    def take_snapshot(self, write):
         t0 = time.perf_counter()
-        took = real_snapshot(self)
-        if took:
-            seen["snapshot_s"].append(time.perf_counter() - t0)
-        return took
+        real_snapshot(self, write)
+        seen["snapshot_s"].append(time.perf_counter() - t0)
 
     def install(*args, **kwargs):
         real_install(*args, **kwargs)
@@ -72,7 +71,7 @@ def measure(overrides: list[str], snapshot: bool) -> dict:
             seen["checkpoint"] = time.perf_counter()
         return path
 
-    trainer._iteration, trainer._take_snapshot, trainer.save_checkpoint = iteration, take_snapshot, save
+    trainer._iteration, snapshots.take, trainer.save_checkpoint = iteration, take_snapshot, save
     engines.optimizer_step, cory.trainer.install_checkpoint = step, install
     try:
         tmp_dir = tempfile.TemporaryDirectory(prefix="stop-latency-")
