@@ -266,8 +266,9 @@ def _evaluate_into(cfg, run_dir, checkpoint, agents, out: Path, n: int, ks, num_
     from tqdm.auto import tqdm
 
     from cory.build import build_backbone
+    from cory.tasks.base import provides_problems
 
-    if not hasattr(get_object(cfg.task._target_), "eval_problems"):  # said before any model loads
+    if not provides_problems(get_object(cfg.task._target_)):  # said before any model loads
         raise ConfigError(f"task {cfg.task._target_}: pass@k needs a task with numeric answers (gsm8k, arithmetic)")
     if not agents:
         where = f"{run_dir} has no checkpoint of policy agents" if run_dir is not None else "no run was given"

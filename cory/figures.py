@@ -42,7 +42,9 @@ KL_UNIT = "nats"
 REWARD_UNITS = {
     "TfidfSentimentReward": "TF-IDF logit",  # logistic-regression decision function (cory/tasks/rewards.py)
     "ClassifierReward": "classifier logit",  # raw POSITIVE logit, e.g. lvwerra/distilbert-imdb
-    "GSM8KTask": "fraction correct",  # 0/1 last-number match, averaged over a batch
+    "gsm8k_task": "fraction correct",  # 0/1 last-number match, averaged over a batch
+    "arithmetic_task": "fraction correct",
+    "GSM8KTask": "fraction correct",  # the same tasks in run folders written before they were functions
     "ArithmeticTask": "fraction correct",
     "ToyTask": "fraction of vowels",  # share of target characters in the response
     "MAFT": "fraction correct",

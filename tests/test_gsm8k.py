@@ -162,7 +162,7 @@ def test_the_paper_commands_compose(command):
     """The README's GPU commands: composed and validated here up to the CUDA check (no GPU on CI)."""
     cfg = compose_cfg(command.split())
     assert cfg.model.load_in_4bit and cfg.model.lora.enabled and cfg.model.lora.share_base
-    assert cfg.task._target_ == "cory.tasks.gsm8k.GSM8KTask"
+    assert cfg.task._target_ == "cory.tasks.gsm8k.gsm8k_task"
     try:
         validate(cfg)
     except Exception as err:  # noqa: BLE001 - only the missing GPU may stop it here

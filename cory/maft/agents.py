@@ -21,7 +21,7 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -162,33 +162,25 @@ def _adapter_of(parameter_name: str) -> str | None:
     return next((parts[i + 1] for i in range(len(parts) - 1) if parts[i].startswith("lora_")), None)
 
 
-class _AgentPool:
-    """What both ways of holding the agents share: generation and SFT through `use(name)`, which a subclass
-    defines (an adapter switch, or a copy lookup), with the tokenizer, device and precision set in its __init__."""
-
-    tokenizer: PreTrainedTokenizerBase
-    device: torch.device
-    precision: str
-    generation_batch_size: int
-
-    def use(self, name: str | None) -> AbstractContextManager[nn.Module]:
-        raise NotImplementedError
-
-    def generate(
-        self, name: str | None, chats: list[Chat], max_new_tokens: int, settings: GenerationSettings
-    ) -> list[str]:
-        with self.use(name) as model:
-            hardware = {"device": self.device, "autocast_dtype": runtime.autocast_dtype(self.precision)}
-            batch = self.generation_batch_size
-            return generate_chats(model, self.tokenizer, chats, max_new_tokens, settings, batch_size=batch, **hardware)
-
-    def finetune(self, name: str, chats: list[Chat], settings: SFTSettings, seed: int) -> dict[str, float]:
-        with self.use(name) as model:
-            hardware = {"use_cpu": self.device.type == "cpu", "bf16": self.precision == "bf16"}
-            return train_sft(model, self.tokenizer, chats, settings, seed=seed, **hardware)
+def _generate(
+    pool, name: str | None, chats: list[Chat], max_new_tokens: int, settings: GenerationSettings
+) -> list[str]:
+    """What both ways of holding the agents share: generation through `pool.use(name)` (an adapter switch, or a
+    copy lookup) with the pool's tokenizer, device, precision and batch size."""
+    with pool.use(name) as model:
+        hardware = {"device": pool.device, "autocast_dtype": runtime.autocast_dtype(pool.precision)}
+        batch = pool.generation_batch_size
+        return generate_chats(model, pool.tokenizer, chats, max_new_tokens, settings, batch_size=batch, **hardware)
 
 
-class LoraAgents(_AgentPool):
+def _finetune(pool, name: str, chats: list[Chat], settings: SFTSettings, seed: int) -> dict[str, float]:
+    """Supervised fine-tuning of agent `name` through `pool.use(name)` (both ways of holding the agents)."""
+    with pool.use(name) as model:
+        hardware = {"use_cpu": pool.device.type == "cpu", "bf16": pool.precision == "bf16"}
+        return train_sft(model, pool.tokenizer, chats, settings, seed=seed, **hardware)
+
+
+class LoraAgents:
     """Every agent a LoRA adapter of one shared frozen base model (`algorithm/agent_models=lora`)."""
 
     def __init__(
@@ -214,6 +206,14 @@ class LoraAgents(_AgentPool):
             model.to(device), self.names, r=r, alpha=alpha, dropout=dropout, target_modules=target_modules, seed=seed
         )
         self._initial = self.state_dict(self.names[0])  # every adapter starts from these weights
+
+    def generate(
+        self, name: str | None, chats: list[Chat], max_new_tokens: int, settings: GenerationSettings
+    ) -> list[str]:
+        return _generate(self, name, chats, max_new_tokens, settings)
+
+    def finetune(self, name: str, chats: list[Chat], settings: SFTSettings, seed: int) -> dict[str, float]:
+        return _finetune(self, name, chats, settings, seed)
 
     @contextmanager
     def use(self, name: str | None) -> Iterator[nn.Module]:
@@ -260,7 +260,7 @@ class LoraAgents(_AgentPool):
             raise ValueError(f"adapter {name}: saved weights do not fit ({result.unexpected_keys[:2]}, {missing[:2]})")
 
 
-class FullCopies(_AgentPool):
+class FullCopies:
     """Every agent a full copy of the model, fine-tuned in full (`algorithm/agent_models=full`)."""
 
     def __init__(
@@ -280,6 +280,14 @@ class FullCopies(_AgentPool):
         self.generation_batch_size = generation_batch_size
         self.base = model.to(device).eval().requires_grad_(False)
         self.copies = {name: copy.deepcopy(self.base).requires_grad_(True) for name in self.names}
+
+    def generate(
+        self, name: str | None, chats: list[Chat], max_new_tokens: int, settings: GenerationSettings
+    ) -> list[str]:
+        return _generate(self, name, chats, max_new_tokens, settings)
+
+    def finetune(self, name: str, chats: list[Chat], settings: SFTSettings, seed: int) -> dict[str, float]:
+        return _finetune(self, name, chats, settings, seed)
 
     @contextmanager
     def use(self, name: str | None) -> Iterator[nn.Module]:

@@ -19,8 +19,24 @@ from cory.tasks.gsm8k import ReasoningTask
 from cory.tasks.problems import arithmetic_problems
 
 
-class ArithmeticTask(ReasoningTask):
-    """Integer expressions as a `Task`, built from `cory/conf/task/arithmetic.yaml`. `tokenizer` is unused.
+def arithmetic_task(
+    tokenizer: PreTrainedTokenizerBase | None,
+    num_train: int,
+    num_eval: int,
+    terms: Sequence[int],
+    digits: Sequence[int],
+    operators: str,
+    pioneer_template: str,
+    observer_template: str,
+    stop_at_question: bool,
+    max_new_tokens: Sequence[int],
+    generation_kwargs: dict,
+    eval_kl_coef: float,
+    failure_reward: float,
+    seed: int,
+    name: str,
+) -> ReasoningTask:
+    """Integer expressions as a `ReasoningTask`, built from `cory/conf/task/arithmetic.yaml`. `tokenizer` is unused.
 
     Args:
         num_train, num_eval: training / held-out problems (at most; distinct questions).
@@ -29,36 +45,17 @@ class ArithmeticTask(ReasoningTask):
         seed: seed of the problem draws.
         The other arguments are `ReasoningTask`'s.
     """
-
-    def __init__(
-        self,
-        tokenizer: PreTrainedTokenizerBase | None,
-        num_train: int,
-        num_eval: int,
-        terms: Sequence[int],
-        digits: Sequence[int],
-        operators: str,
-        pioneer_template: str,
-        observer_template: str,
-        stop_at_question: bool,
-        max_new_tokens: Sequence[int],
-        generation_kwargs: dict,
-        eval_kl_coef: float,
-        failure_reward: float,
-        seed: int,
-        name: str,
-    ) -> None:
-        drawn = arithmetic_problems(num_train + num_eval, seed, terms, digits, operators)
-        distinct = list({p.question: p for p in drawn}.values())
-        super().__init__(
-            distinct[num_eval : num_eval + num_train],
-            distinct[:num_eval],
-            pioneer_template,
-            observer_template,
-            stop_at_question,
-            max_new_tokens,
-            generation_kwargs,
-            eval_kl_coef,
-            failure_reward,
-            name,
-        )
+    drawn = arithmetic_problems(num_train + num_eval, seed, terms, digits, operators)
+    distinct = list({p.question: p for p in drawn}.values())
+    return ReasoningTask(
+        distinct[num_eval : num_eval + num_train],
+        distinct[:num_eval],
+        pioneer_template,
+        observer_template,
+        stop_at_question,
+        max_new_tokens,
+        generation_kwargs,
+        eval_kl_coef,
+        failure_reward,
+        name,
+    )

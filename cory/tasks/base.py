@@ -7,8 +7,10 @@ nothing about PPO or CORY.
 
 from __future__ import annotations
 
+import inspect
+import typing
 import weakref
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from cory import runtime
 
@@ -84,3 +86,14 @@ class SafeScorer:
                         f"(given failure_reward={self.task.failure_reward}; further failures are only counted)"
                     )
         return scores, failed
+
+
+def provides_problems(target: Any) -> bool:
+    """Whether a task `_target_` (a class, or a function that returns one) gives problems with exact answers
+    (`train_problems()`, `eval_problems()`): what pass@k and Multiagent Finetuning need, told before it is built."""
+    if not inspect.isclass(target):
+        try:
+            target = typing.get_type_hints(target).get("return")
+        except Exception:  # noqa: BLE001 - an annotation that does not evaluate says nothing
+            return False
+    return inspect.isclass(target) and hasattr(target, "eval_problems")

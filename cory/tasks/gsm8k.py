@@ -26,6 +26,8 @@ from transformers import PreTrainedTokenizerBase
 from cory.tasks.answers import answers_equal, extract_answer
 from cory.tasks.problems import Problem, gsm8k_problems, gsm_symbolic_problems, split_disjoint
 
+GSM8K_SOURCES = ("hub", "gsm_symbolic")  # values of `task.source`, checked by `cory.config.validate`
+
 
 class ReasoningTask:
     """Problems with numeric answers as a `Task` (`cory.tasks.base`), plus the problems themselves.
@@ -100,8 +102,25 @@ class ReasoningTask:
         return {"no_answer_rate": float(np.mean(missing)) if missing else float("nan")}
 
 
-class GSM8KTask(ReasoningTask):
-    """GSM8K from the Hub or a local copy, or its offline stand-in (`task.source`), built from
+def gsm8k_task(
+    tokenizer: PreTrainedTokenizerBase | None,
+    source: str,
+    dataset_name: str,
+    dataset_config: str,
+    num_train: int | None,
+    num_eval: int | None,
+    symbolic_sizes: Sequence[int],
+    pioneer_template: str,
+    observer_template: str,
+    stop_at_question: bool,
+    max_new_tokens: Sequence[int],
+    generation_kwargs: dict,
+    eval_kl_coef: float,
+    failure_reward: float,
+    seed: int,
+    name: str,
+) -> ReasoningTask:
+    """GSM8K from the Hub or a local copy, or its offline stand-in (`task.source`), as a `ReasoningTask`; built from
     `cory/conf/task/gsm8k.yaml`. `tokenizer` is accepted (Hydra passes it to every task) and unused.
 
     Args:
@@ -112,48 +131,29 @@ class GSM8KTask(ReasoningTask):
         seed: seed of the test-set shuffle and of the generated problems.
         The other arguments are `ReasoningTask`'s.
     """
+    if source not in GSM8K_SOURCES:
+        raise ValueError(f"task.source must be one of {GSM8K_SOURCES}, got {source!r}")
+    if source == "hub":
+        train = gsm8k_problems("train", dataset_name, dataset_config)
+        test = gsm8k_problems("test", dataset_name, dataset_config)
+    else:
+        n_train, n_test = symbolic_sizes
+        problems = gsm_symbolic_problems(int(n_train) + int(n_test), seed)
+        train, test = problems[: int(n_train)], problems[int(n_train) :]
+    train, test = split_disjoint(train, test)  # before the caps: `num_eval` problems are never trained on
+    test = [test[i] for i in np.random.default_rng(seed).permutation(len(test))]
+    return ReasoningTask(
+        train[:num_train],
+        test[:num_eval],
+        pioneer_template,
+        observer_template,
+        stop_at_question,
+        max_new_tokens,
+        generation_kwargs,
+        eval_kl_coef,
+        failure_reward,
+        name,
+    )
 
-    SOURCES = ("hub", "gsm_symbolic")  # values of `task.source`, checked by `cory.config.validate`
 
-    def __init__(
-        self,
-        tokenizer: PreTrainedTokenizerBase | None,
-        source: str,
-        dataset_name: str,
-        dataset_config: str,
-        num_train: int | None,
-        num_eval: int | None,
-        symbolic_sizes: Sequence[int],
-        pioneer_template: str,
-        observer_template: str,
-        stop_at_question: bool,
-        max_new_tokens: Sequence[int],
-        generation_kwargs: dict,
-        eval_kl_coef: float,
-        failure_reward: float,
-        seed: int,
-        name: str,
-    ) -> None:
-        if source not in self.SOURCES:
-            raise ValueError(f"task.source must be one of {self.SOURCES}, got {source!r}")
-        if source == "hub":
-            train = gsm8k_problems("train", dataset_name, dataset_config)
-            test = gsm8k_problems("test", dataset_name, dataset_config)
-        else:
-            n_train, n_test = symbolic_sizes
-            problems = gsm_symbolic_problems(int(n_train) + int(n_test), seed)
-            train, test = problems[: int(n_train)], problems[int(n_train) :]
-        train, test = split_disjoint(train, test)  # before the caps: `num_eval` problems are never trained on
-        test = [test[i] for i in np.random.default_rng(seed).permutation(len(test))]
-        super().__init__(
-            train[:num_train],
-            test[:num_eval],
-            pioneer_template,
-            observer_template,
-            stop_at_question,
-            max_new_tokens,
-            generation_kwargs,
-            eval_kl_coef,
-            failure_reward,
-            name,
-        )
+gsm8k_task.SOURCES = GSM8K_SOURCES  # what `cory.config.validate` checks `task.source` against
