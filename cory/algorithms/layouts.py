@@ -15,9 +15,21 @@ With `LoraPerRole` an adapter never leaves its role: no schedule that exchanges 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 from cory.errors import ConfigError
+
+
+class Layout(Protocol):
+    name: ClassVar[str]
+    keeps_roles: ClassVar[bool]  # an agent never leaves its role (no schedule may exchange roles)
+    needs_lora: ClassVar[bool]  # it checks the loaded backbone (`check_backbone`) before the agents are built
+
+    def agents(self, roles: tuple[str, ...]) -> list[str]: ...
+
+    def handle(self, agent: str, roles: tuple[str, ...]) -> str: ...
+
+    def players(self, assigned: list[str], roles: tuple[str, ...]) -> list[str]: ...
 
 
 @dataclass(frozen=True)

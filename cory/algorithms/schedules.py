@@ -21,9 +21,23 @@ plays the same roles without any saved state:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 from cory.errors import ConfigError
+
+
+class Schedule(Protocol):
+    name: ClassVar[str]
+    exchanges_roles: ClassVar[bool]
+    kl_budget: float | None
+
+    def swaps(self, k: int) -> int: ...
+
+    def players(self, k: int, agents: list[str]) -> list[str]: ...
+
+    def phases(self, k: int, agents: list[str]) -> list[list[str]]: ...
+
+    def resets_after(self, k: int) -> bool: ...
 
 
 def _check_period(key: str, period: int) -> None:

@@ -37,12 +37,16 @@ from cory.algorithms.agents import AgentSet
 from cory.algorithms.base import EvalOutput, Report, RunContext, StepOutput, named_parameters
 from cory.algorithms.credit import Credit
 from cory.algorithms.episodes import Chain, Played
+from cory.algorithms.layouts import Layout
+from cory.algorithms.schedules import Schedule
 from cory.checkpoints import check_files, damaged, refuse_nonfinite
 from cory.errors import CheckpointError, ConfigError
 from cory.metrics import AGENT_PLACEHOLDER, role_key
 from cory.naming import team_name
-from cory.ppo.critics import CRITIC_DIR, joint_batch
+from cory.ppo.critics import CRITIC_DIR, Critic, joint_batch
+from cory.ppo.estimators import AdvantageEstimator
 from cory.ppo.learner import Batch
+from cory.ppo.losses import Loss
 from cory.ppo.metrics import agent_metrics, headline, nonfinite, sample_rows
 from cory.ppo.rollout import Rollout, concat_rollouts
 from cory.preemption import abandonable
@@ -98,12 +102,12 @@ class Team:
         self,
         agent,
         episode: Chain,
-        schedule,
+        schedule: Schedule,
         credit: Credit,
-        critic,
-        layout,
-        advantage,
-        loss,
+        critic: Critic,
+        layout: Layout,
+        advantage: AdvantageEstimator,
+        loss: Loss,
         log_samples: int,
         *,
         context: RunContext,
@@ -313,7 +317,9 @@ class Team:
             refuse_nonfinite(self.critic.state_tensors(), folder, checkpoint)
 
 
-def check_parts(episode: Chain, schedule, critic, layout, advantage) -> None:
+def check_parts(
+    episode: Chain, schedule: Schedule, critic: Critic, layout: Layout, advantage: AdvantageEstimator
+) -> None:
     """Combinations of parts that cannot work, one line naming the groups (before any model loads)."""
     if advantage.uses_values and not critic.has_values:
         raise ConfigError(
