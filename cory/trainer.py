@@ -142,7 +142,7 @@ class Trainer:
                 if bad and self.bad_streak >= self.s.max_bad_iterations:
                     raise NonFiniteError(
                         f"{self.bad_streak} consecutive iterations had a non-finite loss, reward or KL "
-                        f"(max_bad_iterations={self.s.max_bad_iterations}, last: iteration {k}); stopping. "
+                        f"(max_bad_iterations={self.s.max_bad_iterations}, last: iteration {k + 1}); stopping. "
                         f"{self._last_good()} Start a new run with a lower learning rate, or check the reward."
                     )
                 due = self.s.save_every and self.iteration % self.s.save_every == 0
@@ -175,7 +175,7 @@ class Trainer:
         t0 = time.perf_counter()
         droppable = self._take_snapshot()  # with a copy of the state before it, the whole iteration may be dropped
         with (
-            self._nonfinite_guard(f"iteration {k}"),
+            self._nonfinite_guard(f"iteration {k + 1}"),
             _restore_rng_if_abandoned() as abandoned,
             preemption.abandonable() if droppable else contextlib.nullcontext(),
         ):
@@ -193,7 +193,9 @@ class Trainer:
         self.nonfinite_iterations += int(nonfinite)
         metrics[NONFINITE_ITERATIONS] = float(self.nonfinite_iterations)
         metrics = distributed.mean_metrics(metrics)  # data parallel: rank 0 logs the means over processes
-        self._log(metrics, step=k, samples=out.samples)
+        # logged at the number of completed iterations, k + 1: the console's "iteration k+1/N", the checkpoint
+        # iter_<k+1> and the evaluation after it share that step (docs/metrics.md, "Steps")
+        self._log(metrics, step=k + 1, samples=out.samples)
         self._check_weights(k)
         bar.set_postfix({key: f"{v:.3f}" for key, v in out.headline.items()}, refresh=False)
         numbers = " ".join(f"{key} {v:.3f}" for key, v in out.headline.items())
@@ -398,7 +400,7 @@ class Trainer:
             if distributed.sharded_weights():  # the name from the first process that holds a bad shard
                 bad = next(name for name in distributed.every(bad) if name is not None)
             raise NonFiniteError(
-                f"iteration {k} left non-finite weights ({bad}); stopping without saving them. "
+                f"iteration {k + 1} left non-finite weights ({bad}); stopping without saving them. "
                 f"{self._last_good()} Start a new run with a lower learning rate."
             )
 

@@ -353,7 +353,7 @@ def test_two_gloo_processes_stay_in_sync(tmp_path: Path, algorithm: str) -> None
     assert summary["completed"] and summary["iterations"] == 2
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train_rows = [r for r in rows if any(k.startswith("train/") for k in r)]
-    assert [r["iteration"] for r in train_rows] == [0, 1]  # one writer: no duplicated rows
+    assert [r["iteration"] for r in train_rows] == [1, 2]  # one writer: no duplicated rows
 
 
 @pytest.mark.long
@@ -459,6 +459,6 @@ def test_a_non_finite_reward_on_one_process_skips_the_update_on_every_process(tm
     assert summary["completed"] and summary["weights_in_sync"] is True
     rows = [json.loads(r) for r in (run_dir / "metrics.jsonl").read_text().splitlines()]
     skipped = [r["iteration"] for r in rows if r.get("ppo/llm1/nonfinite_skipped") == 1.0]
-    assert skipped == [1]  # the mean over the two processes: both skipped it
+    assert skipped == [2]  # logged after 2 completed iterations; the mean over the two processes: both skipped it
     checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert checkpoints == ["iter_000001", "iter_000003"]  # iteration 1 (the second) was bad: no iter_000002

@@ -199,7 +199,7 @@ def test_docs_extending_examples_run_as_printed_from_an_outside_package(tmp_path
     assert independent["algorithm"] == "independent" and set(independent["agents"]) == {"llm1", "llm2"}
     _run([str(BIN / "cory-train"), f"resume={tmp_path / 'independent'}", "iterations=3"], tmp_path, extra)
     rows = [json.loads(line) for line in (tmp_path / "independent" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["iteration"] for r in rows if "train/llm2/kl" in r] == [0, 1, 2]  # checkpoint, resume, one more
+    assert [r["iteration"] for r in rows if "train/llm2/kl" in r] == [1, 2, 3]  # checkpoint, resume, one more
     assert run("scaled", "algorithm=ppo_scaled", "iterations=1")["completed"] is True
     assert run("prompts", "task=prompts", f"task.path={prompts}", "iterations=1")["task"] == "prompts"
     after = subprocess.run(["git", "status", "--porcelain", "cory"], cwd=REPO, capture_output=True, text=True).stdout

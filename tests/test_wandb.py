@@ -77,7 +77,7 @@ def test_a_killed_and_resumed_run_carries_its_whole_history(tmp_path):
     # W&B's service can be slow to start on a loaded machine: a generous init timeout, and a failed init is named
     args = ["logger=wandb", "+logger.init_timeout=300", "iterations=6", "save_every=2"]
     proc = start(run_dir, args, WANDB_MODE="offline")
-    wait_for_train_row(run_dir, proc, 3)
+    wait_for_train_row(run_dir, proc, 4)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
     out = resume(run_dir, WANDB_MODE="offline")
