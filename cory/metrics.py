@@ -42,6 +42,18 @@ def role_key(role: str, name: str) -> str:
     return f"train/{role}/{name}"
 
 
+# The metrics that have a better direction ("max" or "min"), whatever the algorithm: W&B keeps their best value so far
+# beside the last (`best/<name>`, `best_iteration/<name>`; `cory.loggers.WandbLogger`). Held-out rewards and
+# accuracies only: not KL (less is not better on its own), standard errors, lengths, counts or failure rates, nor
+# training-batch numbers (noisy, and from the policy being changed). `<agent>` stands for any agent.
+BEST: dict[str, str] = {
+    "eval/<agent>/task_reward": "max",
+    "eval/<agent>/combined_reward": "max",
+    "maft/eval/accuracy": "max",
+    "maft/eval/single_sample_accuracy": "max",
+    "maft/eval/round1_majority_accuracy": "max",
+}
+
 # What the trainer adds to every training iteration, whatever the algorithm.
 RUN_METRICS: dict[str, str] = {
     NONFINITE_ITERATIONS: "Cumulative iterations with a non-finite loss, reward or KL (update skipped).",
