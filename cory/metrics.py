@@ -72,6 +72,14 @@ def is_known_metric(name: str, catalogue: Mapping[str, str]) -> bool:
     return False
 
 
+def best_table(best: Mapping[str, str] = BEST) -> str:
+    """The docs table of the metrics with a direction (`BEST`): which value W&B keeps as the best."""
+    kept = {"max": "the highest (higher is better)", "min": "the lowest (lower is better)"}
+    lines = ["| metric | best value kept |", "|---|---|"]
+    lines += [f"| `{name}` | {kept[direction]} |" for name, direction in best.items()]
+    return "\n".join(lines) + "\n"
+
+
 def markdown_table(catalogue: Mapping[str, str]) -> str:
     """A docs table of logged metrics, one row per entry of `catalogue`."""
     lines = ["| metric | definition |", "|---|---|"]
