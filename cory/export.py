@@ -104,7 +104,10 @@ def export(
     backbone = build_backbone(cfg.model, runtime.resolve_device(cfg.hardware.device))
     # PEFT writes the adapter named "default" at the top of the folder (others go to a subfolder of their name)
     policy = backbone.policy("default", init_seed=cfg.seed)
-    policy.load_weights(checkpoint / ALGORITHM_DIR / agent)
+    try:
+        policy.load_weights(checkpoint / ALGORITHM_DIR / agent)
+    except ValueError as err:  # an override named another model than the run's
+        raise ConfigError(f"--agent {agent}: {err}; export with the run's own model settings") from None
     model = policy.pretrained_model  # the value head (`policy.v_head`) stays behind
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -149,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--lora", choices=LORA_MODES, default="merged", help="LoRA runs: merge into the base (default) or an adapter"
     )
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # overrides before or after the options
     try:
         checkpoint = export(args.run, args.out, args.agent, args.iteration, args.lora, args.overrides)
     except USER_ERRORS as err:

@@ -302,8 +302,8 @@ class WandbLogger:
             # a table is new in each process: its earlier rows go first, so it holds the whole run again
             for table_name, rows in tables.items():
                 self._add_rows(table_name, rows)
-            if self._tables and self._run is not None:
-                self._run.log(dict(self._tables))  # at W&B's current step: the last one of the history
+            if self._tables and self._run is not None:  # joins W&B's current row: no step is used up
+                self._run.log(dict(self._tables), commit=False)
         except Exception as exc:  # noqa: BLE001 - W&B must never stop training
             self._run = None
             _warn(

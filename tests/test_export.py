@@ -153,6 +153,7 @@ def test_expected_failures_are_one_line_with_exit_code_2(full_run, tmp_path, cap
         (str(full_run), "--out", str(busy)): "is not an empty folder",
         (str(tmp_path), "--out", str(tmp_path / "d")): "neither a cory run folder",
         (str(full_run), "--lora", "adapter", "--out", str(tmp_path / "e")): "has no adapter to export",
+        (str(full_run), "--out", str(tmp_path / "f"), "model.n_embd=64"): "export with the run's own model settings",
     }
     for argv, message in cases.items():
         code, err = export_main(*argv, capsys=capsys)
