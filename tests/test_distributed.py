@@ -149,7 +149,7 @@ def test_under_sharded_weights_the_weight_check_reads_each_process_shard(
 
     monkeypatch.setattr(Agent, "learn", learn)
     try:
-        with pytest.raises(NonFiniteError, match=r"^iteration 0 left non-finite weights \(llm1/") as err:
+        with pytest.raises(NonFiniteError, match=r"^iteration 1 left non-finite weights \(llm1/") as err:
             start_run(tmp_path, tmp_path / "run", "algorithm=ppo", "model.lora.enabled=false", *sharded_cpu(engine))
     finally:
         distributed.close()  # the group of one the run joined (an exception ends a real run's process)
