@@ -336,7 +336,7 @@ def test_sigterm_during_a_held_out_debate_checkpoints_and_the_resume_finishes_it
     checkpoint = latest_checkpoint(run_dir)
     state = json.loads((checkpoint / "trainer.json").read_text())
     assert checkpoint.name == "iter_000001" and state["pending_eval"] is True  # the evaluation is owed
-    assert kinds(rows(run_dir)) == [(0, "eval"), (0, "train")]
+    assert kinds(rows(run_dir)) == [(0, "eval"), (1, "train")]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["completed"] is False and summary["stopped_by"] == "SIGTERM"
     first_round = stamps(run_dir, "rounds/1/eval_debate_r1.jsonl")
