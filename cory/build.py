@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from cory import distributed, runtime
 from cory.algorithms.base import Algorithm, RunContext
 from cory.config import instantiate_target
+from cory.metrics import BEST
 from cory.policy import HANDLE_KEYS, Backbone, LoraSettings
 from cory.settings import HardwareSettings, RunSettings
 
@@ -110,19 +111,25 @@ def make_logger(cfg: DictConfig, run_dir: Path, info: dict, run_id: str | None):
 
         choices, overrides = run_identity(run_dir)  # as first started: a resumed run keeps its group and tags
         described = [f"{k}={info.get(k)}" for k in ("model", "task", "algorithm")]
-        name = "-".join(str(info[k]) for k in ("algorithm",) if k in info)
-        if "kl_coef" in info:
-            name += f"-kl{info['kl_coef']}"
         kwargs |= dict(
             # filterable in the W&B UI: the group choices (algorithm=cory, experiment=...) and the overrides
             config=OmegaConf.to_container(cfg, resolve=True)
             | {"git_sha": info.get("git_sha"), "choices": choices, "overrides": overrides, "run": info},
             run_id=run_id,
-            name=f"{name}-s{info['seed']}",
+            name=wandb_run_name(info),
             tags=wandb_tags(choices, overrides, described),
             group=wandb_group(cfg, choices),  # a sweep's runs side by side, else an experiment's
+            best=BEST,  # the metrics whose best value W&B keeps beside the last
         )
     return get_object(cfg.logger._target_)(**kwargs)
+
+
+def wandb_run_name(info: dict) -> str:
+    """A training run's W&B name, from its identity (`run_info`): `<algorithm>[-kl<η>]-s<seed>`."""
+    name = "-".join(str(info[k]) for k in ("algorithm",) if k in info)
+    if "kl_coef" in info:
+        name += f"-kl{info['kl_coef']}"
+    return f"{name}-s{info['seed']}"
 
 
 class NullLogger:
@@ -137,6 +144,9 @@ class NullLogger:
         pass
 
     def log_image(self, name: str, path: Path, step: int) -> None:
+        pass
+
+    def log_checkpoint(self, checkpoint: Path, step: int) -> None:
         pass
 
     def close(self) -> None:

@@ -11,6 +11,8 @@
   sweep's other runs and `wandb sync` uploads it later. A failure here never fails the sweep: one warning line.
 - `SweepSignals`: Ctrl-C or SIGTERM to a `-m` sweep on the joblib launcher stops every running job at a checkpoint
   and starts no new one (below); the same command with the sweep's folder continues it (`cory.cli`, `cory.train`).
+- `SweepConsole`: in a joblib sweep, each job's console lines start with its name, `[job 3 algorithm=cory/seed=1]`
+  (its number and its folder in the sweep), and W&B prints nothing there (below).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import os
 import shlex
 import signal
 import sys
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -283,3 +286,107 @@ class SweepSignals(Callback):
                 f"and the others were not started. Continue it with: {self._continue}",
                 flush=True,
             )
+
+
+# ------------------------------------------------------------------------------------------- a joblib sweep's console
+# The joblib launcher's workers write to the terminal the sweep was started from, every job's lines mixed with the
+# others'. In a worker, file descriptors 1 and 2 become pipes, each read by a thread that writes every line on to
+# the real stream with the running job's name in front: what Python prints, a library's logging, a child process's
+# output and a signal handler's `os.write` alike. The job's name travels in-band (a marker line written when the
+# job starts), so each line gets the name of the job that wrote it; when the job ends, a second marker is awaited,
+# so its last lines are out before the worker takes the next job. W&B's banners (four lines per run start, a
+# summary of some twenty at its end) are left out in workers (`WANDB_SILENT`, unless set): the runs' W&B data are
+# in their folders, and the sweep's group in the UI.
+_MARK = b"\x00cory-console:"  # starts a control line: "job <prefix>" or "sync"
+
+
+class _Relay:
+    """One stream (fd 1 or 2) of a worker, relayed through a pipe with the job's prefix on every line."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.out = os.dup(fd)  # the real stream
+        read, write = os.pipe()
+        os.dup2(write, fd)
+        os.close(write)
+        self.synced = threading.Event()
+        threading.Thread(target=self._pump, args=(read,), daemon=True, name=f"cory-console-{fd}").start()
+
+    def control(self, text: str) -> None:
+        os.write(self.fd, _MARK + text.encode() + b"\n")
+
+    def _pump(self, read: int) -> None:
+        prefix, pending = b"", b""
+        try:
+            while chunk := os.read(read, 1 << 16):
+                pending += chunk
+                while (end := _line_end(pending)) >= 0:
+                    line, pending = pending[: end + 1], pending[end + 1 :]
+                    text, mark, command = line.partition(_MARK)
+                    if text.strip(b"\r\n"):
+                        os.write(self.out, prefix + text + (b"\n" if mark else b""))
+                    elif text:
+                        os.write(self.out, text)
+                    if command.startswith(b"job "):
+                        prefix = command[4:].rstrip(b"\n") + b" "
+                    elif command.startswith(b"sync"):
+                        if pending:  # a line the job left unfinished
+                            os.write(self.out, prefix + pending + b"\n")
+                            pending = b""
+                        self.synced.set()
+        except Exception:  # noqa: BLE001 - never block the job: relay the rest as it comes, unprefixed
+            os.write(self.out, pending)
+            while chunk := os.read(read, 1 << 16):
+                os.write(self.out, chunk)
+
+
+def _line_end(data: bytes) -> int:
+    """The index of the first line end (\\n, or \\r: a progress bar redrawing its line), or -1."""
+    ends = [i for i in (data.find(b"\n"), data.find(b"\r")) if i >= 0]
+    return min(ends) if ends else -1
+
+
+_relays: list[_Relay] = []
+
+
+def job_name(config: DictConfig) -> str:
+    """`[job <n> <folder in the sweep>]`, e.g. `[job 3 algorithm=cory/seed=1]`."""
+    num = OmegaConf.select(config, "hydra.job.num")
+    output, sweep = (OmegaConf.select(config, k) for k in ("hydra.runtime.output_dir", "hydra.sweep.dir"))
+    try:
+        where = os.path.relpath(str(output), os.path.abspath(str(sweep)))
+    except (TypeError, ValueError):
+        where = str(OmegaConf.select(config, "hydra.job.override_dirname") or "")
+    return f"[job {num} {where}]" if where and where != "." else f"[job {num}]"
+
+
+class SweepConsole(Callback):
+    """Hydra callback: a joblib sweep job's console lines carry its name; W&B is silent in its worker."""
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if not in_sweep_worker():
+            return
+        os.environ.setdefault("WANDB_SILENT", "true")
+        _flush()
+        if not _relays:  # once per worker process: it runs job after job
+            _relays.extend(_Relay(fd) for fd in (1, 2))
+        for relay in _relays:
+            relay.control(f"job {job_name(config)}")
+
+    def on_job_end(self, config: DictConfig, job_return: Any = None, **kwargs: Any) -> None:
+        if not _relays:
+            return
+        _flush()
+        for relay in _relays:
+            relay.synced.clear()
+            relay.control("sync")
+        for relay in _relays:
+            relay.synced.wait(timeout=5.0)
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass

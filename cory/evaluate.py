@@ -308,20 +308,32 @@ def _evaluate_into(cfg, run_dir, checkpoint, agents, out: Path, n: int, ks, num_
     config = OmegaConf.to_container(cfg, resolve=False) if run_dir is not None else {"task": {"name": task.name}}
     plot_passk(summary, out / PLOT, passk_title(figures.run_info(config), n, len(questions), checkpoint))
     if str(cfg.logger.get("_target_", "")).endswith("WandbLogger"):
-        _log_to_wandb(cfg, run_dir or out, out, summary)
+        _log_to_wandb(cfg, run_dir or out, out, summary, checkpoint)
     return summary
 
 
-def _log_to_wandb(cfg: DictConfig, run_dir: Path, out: Path, summary: dict[str, dict]) -> None:
-    """pass@k scalars, the per-model table and the PNG, in a W&B run of its own (the run's project and group)."""
+def _log_to_wandb(
+    cfg: DictConfig, run_dir: Path, out: Path, summary: dict[str, dict], checkpoint: Path | None
+) -> None:
+    """pass@k scalars, the per-model table and the PNG, in a W&B run of its own (the run's project and group),
+    linked to the checkpoint's training run: its W&B id and name in the config (`train_run`) and a tag."""
+    from cory.build import wandb_run_name
     from cory.callbacks import run_identity, wandb_group, wandb_tags
+    from cory.checkpoints import read_state
     from cory.loggers import WandbLogger
 
     kwargs = {k: v for k, v in OmegaConf.to_container(cfg.logger, resolve=True).items() if not k.startswith("_")}
     choices, overrides = run_identity(run_dir)  # the evaluated run's group and tags, so it sits beside it in W&B
+    state = read_state(checkpoint) if checkpoint is not None else {}
+    trained = {  # the W&B run that wrote the checkpoint (none: the base model of a config)
+        "id": state.get("wandb_run_id"),
+        "name": wandb_run_name(state["run_info"]) if state else None,
+        "checkpoint": checkpoint.name if checkpoint is not None else None,
+    }
     kwargs["group"] = kwargs.get("group") or wandb_group(cfg, choices)
-    kwargs["tags"] = wandb_tags(choices, overrides, ["passk"])
-    config = {"run": str(run_dir), "choices": choices, "overrides": overrides, **summary}
+    link = [f"train_run={trained['id']}"] if trained["id"] else []
+    kwargs["tags"] = wandb_tags(choices, overrides, ["passk", *link])
+    config = {"run": str(run_dir), "choices": choices, "overrides": overrides, "train_run": trained, **summary}
     logger = WandbLogger(run_dir=out, config=config, name=f"passk-{run_dir.name}", job_type="evaluate", **kwargs)
     logger.log({f"passk/{m}/{k}": v for m, stats in summary.items() for k, v in stats.items()}, step=0)
     logger.log_table("passk/summary", [{"model": m, **stats} for m, stats in summary.items()], step=0)

@@ -43,6 +43,18 @@ def role_key(role: str, name: str) -> str:
     return f"train/{role}/{name}"
 
 
+# The metrics that have a better direction ("max" or "min"), whatever the algorithm: W&B keeps their best value so far
+# beside the last (`best/<name>`, `best_iteration/<name>`; `cory.loggers.WandbLogger`). Held-out rewards and
+# accuracies only: not KL (less is not better on its own), standard errors, lengths, counts or failure rates, nor
+# training-batch numbers (noisy, and from the policy being changed). `<agent>` stands for any agent.
+BEST: dict[str, str] = {
+    "eval/<agent>/task_reward": "max",
+    "eval/<agent>/combined_reward": "max",
+    "maft/eval/accuracy": "max",
+    "maft/eval/single_sample_accuracy": "max",
+    "maft/eval/round1_majority_accuracy": "max",
+}
+
 # What the trainer adds to every training iteration, whatever the algorithm.
 RUN_METRICS: dict[str, str] = {
     NONFINITE_ITERATIONS: "Cumulative iterations with a non-finite loss, reward or KL (update skipped).",
@@ -59,6 +71,14 @@ def is_known_metric(name: str, catalogue: Mapping[str, str]) -> bool:
     if len(parts) == 3 and parts[1] not in ROLES:  # the by-role views are defined one by one
         return "/".join((parts[0], AGENT_PLACEHOLDER, parts[2])) in catalogue
     return False
+
+
+def best_table(best: Mapping[str, str] = BEST) -> str:
+    """The docs table of the metrics with a direction (`BEST`): which value W&B keeps as the best."""
+    kept = {"max": "the highest (higher is better)", "min": "the lowest (lower is better)"}
+    lines = ["| metric | best value kept |", "|---|---|"]
+    lines += [f"| `{name}` | {kept[direction]} |" for name, direction in best.items()]
+    return "\n".join(lines) + "\n"
 
 
 def markdown_table(catalogue: Mapping[str, str]) -> str:

@@ -165,7 +165,7 @@ class Trainer:
                 if bad and self.bad_streak >= self.s.max_bad_iterations:
                     raise NonFiniteError(
                         f"{self.bad_streak} consecutive iterations had a non-finite loss, reward or KL "
-                        f"(max_bad_iterations={self.s.max_bad_iterations}, last: iteration {k}); stopping. "
+                        f"(max_bad_iterations={self.s.max_bad_iterations}, last: iteration {k + 1}); stopping. "
                         f"{self._last_good()} Start a new run with a lower learning rate, or check the reward."
                     )
                 due = self.s.save_every and self.iteration % self.s.save_every == 0
@@ -187,7 +187,7 @@ class Trainer:
         if droppable:
             self.snapshots.take(lambda path: write_checkpoint(path, self.algorithm.save, self._state(), 1, False))
         with (
-            self._nonfinite_guard(f"iteration {k}"),
+            self._nonfinite_guard(f"iteration {k + 1}"),
             restore_rng_if_abandoned() as abandoned,
             preemption.abandonable() if droppable else contextlib.nullcontext(),
         ):
@@ -205,7 +205,9 @@ class Trainer:
         self.nonfinite_iterations += int(nonfinite)
         metrics[NONFINITE_ITERATIONS] = float(self.nonfinite_iterations)
         metrics = distributed.mean_metrics(metrics)  # data parallel: rank 0 logs the means over processes
-        self._log(metrics, step=k, samples=out.samples)
+        # logged at the number of completed iterations, k + 1: the console's "iteration k+1/N", the checkpoint
+        # iter_<k+1> and the evaluation after it share that step (docs/metrics.md, "Steps")
+        self._log(metrics, step=k + 1, samples=out.samples)
         self._check_weights(k)
         bar.set_postfix({key: f"{v:.3f}" for key, v in out.headline.items()}, refresh=False)
         numbers = " ".join(f"{key} {v:.3f}" for key, v in out.headline.items())
@@ -306,6 +308,8 @@ class Trainer:
                 self.s.keep_checkpoints,
                 torch_rng=torch_rng if len(streams) > 1 else None,
             )
+            if not self.stop_requested:  # a stopping run exits at once; its next start's checkpoints go to W&B
+                self.logger.log_checkpoint(final, self.iteration)
         elif distributed.sharded():  # ZeRO: the Adam state is in pieces, every process takes part in gathering it
             with tempfile.TemporaryDirectory() as scratch:  # what another process writes is not kept
                 self.algorithm.save(Path(scratch))
@@ -372,7 +376,7 @@ class Trainer:
             if distributed.sharded_weights():  # the name from the first process that holds a bad shard
                 bad = next(name for name in distributed.every(bad) if name is not None)
             raise NonFiniteError(
-                f"iteration {k} left non-finite weights ({bad}); stopping without saving them. "
+                f"iteration {k + 1} left non-finite weights ({bad}); stopping without saving them. "
                 f"{self._last_good()} Start a new run with a lower learning rate."
             )
 

@@ -149,7 +149,7 @@ def test_under_sharded_weights_the_weight_check_reads_each_process_shard(
 
     monkeypatch.setattr(PPOLearner, "update", update)
     try:
-        with pytest.raises(NonFiniteError, match=r"^iteration 0 left non-finite weights \(llm1/") as err:
+        with pytest.raises(NonFiniteError, match=r"^iteration 1 left non-finite weights \(llm1/") as err:
             start_run(tmp_path, tmp_path / "run", "algorithm=ppo", "model.lora.enabled=false", *sharded_cpu(engine))
     finally:
         distributed.close()  # the group of one the run joined (an exception ends a real run's process)
@@ -356,7 +356,7 @@ def test_two_gloo_processes_stay_in_sync(tmp_path: Path, algorithm: str) -> None
     assert summary["completed"] and summary["iterations"] == 2
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train_rows = [r for r in rows if any(k.startswith("train/") for k in r)]
-    assert [r["iteration"] for r in train_rows] == [0, 1]  # one writer: no duplicated rows
+    assert [r["iteration"] for r in train_rows] == [1, 2]  # one writer: no duplicated rows
 
 
 @pytest.mark.long
@@ -462,6 +462,6 @@ def test_a_non_finite_reward_on_one_process_skips_the_update_on_every_process(tm
     assert summary["completed"] and summary["weights_in_sync"] is True
     rows = [json.loads(r) for r in (run_dir / "metrics.jsonl").read_text().splitlines()]
     skipped = [r["iteration"] for r in rows if r.get("ppo/llm1/nonfinite_skipped") == 1.0]
-    assert skipped == [1]  # the mean over the two processes: both skipped it
+    assert skipped == [2]  # logged after 2 completed iterations; the mean over the two processes: both skipped it
     checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert checkpoints == ["iter_000001", "iter_000003"]  # iteration 1 (the second) was bad: no iter_000002

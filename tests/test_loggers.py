@@ -11,8 +11,8 @@ import math
 import pytest
 
 from cory.algorithms.team import TEAM_METRICS, role_metrics
-from cory.loggers import JsonlLogger, WandbLogger, resolve_wandb_mode, strip_secrets
-from cory.metrics import ROLES, RUN_METRICS, eval_key, markdown_table, ppo_key, role_key, train_key
+from cory.loggers import JsonlLogger, WandbLogger, read_wandb_run, resolve_wandb_mode, strip_secrets
+from cory.metrics import BEST, ROLES, RUN_METRICS, best_table, eval_key, markdown_table, ppo_key, role_key, train_key
 from cory.metrics import is_known_metric as _is_known
 from cory.ppo.metrics import PPO_METRICS
 
@@ -242,3 +242,52 @@ def test_readme_documents_every_maft_metric() -> None:
     table = metrics_markdown_table(MAFT_METRICS)
     assert table in page, "paste metrics_markdown_table(MAFT_METRICS)'s output into docs/metrics.md"
     assert table != metrics_markdown_table()
+
+
+# --------------------------------------------------------------------------------- W&B summaries, read back
+def test_summaries_are_last_values_and_bests_only_where_a_direction_is_declared(tmp_path, monkeypatch):
+    """A real offline W&B run read back with W&B's own reader (`read_wandb_run`): every metric's summary is its last
+    value as a plain number (a frontier reader's `summary["eval/llm1/task_reward"]`), `best/` only for the metrics
+    `BEST` names, tables summarised by nothing; a resumed run's best counts the history before it."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    run_dir = tmp_path / "run"
+    evals = [(0, 0.2, 0.0), (2, 0.5, 3.0), (4, 0.3, 1.0)]  # (iteration, task reward, KL): the best reward at 2
+    lg = WandbLogger(run_dir, {"seed": 0}, group="g", job_type="train", name="ppo-kl0.3-s0", best=BEST)
+    for step, reward, kl in evals[:2]:
+        lg.log({"eval/llm1/task_reward": reward, "eval/llm1/kl": kl, "eval/llm1/task_reward_se": 0.1}, step=step)
+        lg.log_table("eval/llm1/samples", [{"prompt": "p", "response": f"r{step}", "reward": reward}], step=step)
+    run_id = lg.run_id
+    lg.close()
+    # resumed: the same W&B run, from the rows metrics.jsonl and samples.jsonl hold
+    lg = WandbLogger(run_dir, {"seed": 0}, group="g", name="ppo-kl0.3-s0", run_id=run_id, best=BEST)
+    step, reward, kl = evals[2]
+    lg.log({"eval/llm1/task_reward": reward, "eval/llm1/kl": kl, "eval/llm1/task_reward_se": 0.2}, step=step)
+    lg.log_table("eval/llm1/samples", [{"prompt": "p", "response": "r4", "reward": reward}], step=step)
+    lg.close()
+
+    run = read_wandb_run(run_dir)  # the newest run file: the resumed start's, which carries the whole run
+    assert (run["id"], run["name"], run["group"], run["state"]) == (run_id, "ppo-kl0.3-s0", "g", "finished")
+    summary = run["summary"]
+    assert summary["eval/llm1/task_reward"] == 0.3 and isinstance(summary["eval/llm1/task_reward"], float)
+    assert summary["eval/llm1/kl"] == 1.0 and summary["eval/llm1/task_reward_se"] == 0.2 and summary["_step"] == 4
+    assert summary["best/eval/llm1/task_reward"] == 0.5 and summary["best_iteration/eval/llm1/task_reward"] == 2
+    assert not [k for k in summary if k.startswith("best") and ("/kl" in k or k.endswith("_se"))]
+    numbers = {k: v for k, v in summary.items() if not k.endswith("/samples")}
+    assert all(not isinstance(v, dict) for v in numbers.values()), numbers  # no {"last": .., "max": ..}
+    table = summary["eval/llm1/samples"]  # one incremental table: every evaluation's rows, the resumed one's too
+    assert table["_type"] == "incremental-table-file" and table["nrows"] == 3 and table["ncols"] == 4
+    assert not [k for k in summary if k.startswith("eval/llm1/samples.") or k.startswith("best/eval/llm1/samples")]
+
+
+def test_best_directions_name_logged_metrics_and_are_in_the_docs() -> None:
+    """`BEST` names metrics of the catalogues, none of KL, standard errors or counts, and docs/metrics.md shows its
+    table verbatim."""
+    from pathlib import Path
+
+    from cory.maft.metrics import is_maft_metric
+
+    assert all(is_known_metric(name) or is_maft_metric(name) for name in BEST)
+    assert not [name for name in BEST if name.endswith(("kl", "_se", "failures", "length", "problems"))]
+    assert set(BEST.values()) <= {"max", "min"}
+    page = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text()
+    assert best_table() in page, "paste cory.metrics.best_table()'s output into docs/metrics.md"

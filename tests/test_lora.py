@@ -244,7 +244,7 @@ def test_a_killed_lora_run_resumes_exactly(tmp_path):
         stderr=subprocess.DEVNULL,
     )
     try:
-        wait_for_train_row(run_dir, proc, 3)
+        wait_for_train_row(run_dir, proc, 4)
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()

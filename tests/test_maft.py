@@ -1,7 +1,7 @@
 """Multiagent Finetuning as an algorithm of the trainer (`cory/algorithms/maft.py`), end to end on tiny models.
 
 - `python -m cory.train experiment=maft_smoke` writes the run folder: metrics (the evaluation after k rounds at
-  iteration k, round k + 1's fine-tuning at iteration k), samples, summary.json with the baselines and every round,
+  iteration k, round k's fine-tuning at iteration k), samples, summary.json with the baselines and every round,
   curves.png, eval_outcomes.jsonl (whose means are the logged accuracies, read by `cory-report paired`),
   checkpoints with every agent's weights; `resume=` of the finished run does nothing.
 - A run SIGKILLed during round 1's SFT, resumed, SIGKILLed again during round 2's debate, resumed again: its
@@ -88,8 +88,8 @@ def test_the_entrypoint_runs_maft_smoke_and_a_finished_run_is_not_redone(tmp_pat
         assert (run_dir / name).is_file(), name
     assert (run_dir / "curves.png").stat().st_size > 0
     logged = rows(run_dir)
-    # the base agents' evaluation, round 1's fine-tuning (iteration 0), the evaluation after round 1
-    assert kinds(logged) == [(0, "eval"), (0, "train"), (1, "eval")]
+    # the base agents' evaluation, round 1's fine-tuning (iteration 1), the evaluation after round 1
+    assert kinds(logged) == [(0, "eval"), (1, "train"), (1, "eval")]
     assert all(is_maft_metric(k) or k in RUN_METRICS for row in logged for k in row if k != "iteration")
     assert "maft/train/accuracy" in logged[1] and "maft/data/critic2/examples" in logged[1]
     assert not any(k.startswith("maft/train/") for k in logged[0] | logged[2])
@@ -334,7 +334,7 @@ def test_sigterm_during_a_held_out_debate_checkpoints_and_the_resume_finishes_it
     checkpoint = latest_checkpoint(run_dir)
     state = json.loads((checkpoint / "trainer.json").read_text())
     assert checkpoint.name == "iter_000001" and state["pending_eval"] is True  # the evaluation is owed
-    assert kinds(rows(run_dir)) == [(0, "eval"), (0, "train")]
+    assert kinds(rows(run_dir)) == [(0, "eval"), (1, "train")]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["completed"] is False and summary["stopped_by"] == "SIGTERM"
     first_round = stamps(run_dir, "rounds/1/eval_debate_r1.jsonl")

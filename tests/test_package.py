@@ -207,7 +207,7 @@ def test_docs_extending_examples_run_as_printed_from_an_outside_package(tmp_path
     assert all(r["train/llm1/collective_reward"] == r["train/llm1/task_reward"] for r in rows)
     _run([str(BIN / "cory-train"), f"resume={tmp_path / 'independent'}", "iterations=3"], tmp_path, extra)
     rows = [json.loads(line) for line in (tmp_path / "independent" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["iteration"] for r in rows if "train/llm2/kl" in r] == [0, 1, 2]  # checkpoint, resume, one more
+    assert [r["iteration"] for r in rows if "train/llm2/kl" in r] == [1, 2, 3]  # checkpoint, resume, one more
     # a credit rule: both agents learn the mean of their task rewards
     mean_team, rows = run("credit", "algorithm=cory", "algorithm/credit=mean_team", "iterations=1")
     assert mean_team["algorithm"] == "cory_mean_team" and mean_team["credit"] == "mean_team"

@@ -103,7 +103,7 @@ def test_a_signal_while_scoring_drops_the_iteration_and_the_resume_equals_an_uni
     run_dir = tmp_path / "run"
     summary = start_run(tmp_path, run_dir, *args)
     assert summary["stopped_by"] == sig.name and summary["iterations"] == 1 and summary["completed"] is False
-    assert train_rows(run_dir) == [0]  # nothing of iteration 1 was logged
+    assert train_rows(run_dir) == [1]  # nothing of the second iteration was logged
     assert latest_checkpoint(run_dir).name == "iter_000001"  # the last completed iteration, saved on the signal
     out = capsys.readouterr().out
     dropped = "stopped after iteration 1 on a signal (iteration 2 was dropped; the resume redoes it); checkpoint saved"
@@ -144,7 +144,7 @@ def test_a_signal_in_the_update_finishes_the_iteration(tmp_path, tmp_path_factor
     run_dir = tmp_path / "run"
     summary = start_run(tmp_path, run_dir)
     assert summary["stopped_by"] == "SIGTERM" and summary["iterations"] == 1
-    assert train_rows(run_dir) == [0] and latest_checkpoint(run_dir).name == "iter_000001"
+    assert train_rows(run_dir) == [1] and latest_checkpoint(run_dir).name == "iter_000001"
     assert "stopped after iteration 1 on a signal; checkpoint saved" in capsys.readouterr().out
     monkeypatch.undo()
     resume_run(run_dir)
@@ -188,7 +188,7 @@ def test_with_snapshots_a_signal_in_the_update_drops_the_iteration_at_once_and_t
     assert summary["wall_time_s"] == summary["wall_time_this_start_s"]  # the snapshot's reload counts no time twice
     assert steps.count(1) == call  # not one optimiser step after the signal
     assert summary["stopped_by"] == "SIGTERM" and summary["iterations"] == 1 and summary["completed"] is False
-    assert train_rows(run_dir) == [0] and latest_checkpoint(run_dir).name == "iter_000001"
+    assert train_rows(run_dir) == [1] and latest_checkpoint(run_dir).name == "iter_000001"
     out = capfd.readouterr()  # the handler writes to file descriptor 2
     assert "(iteration 2 was dropped; the resume redoes it); checkpoint saved" in out.out
     assert "the iteration in progress is dropped and redone on resume" in out.err

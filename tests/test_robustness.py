@@ -104,7 +104,7 @@ def test_signal_then_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path, t
     # 1. SIGTERM / SIGINT during an iteration: it finishes, checkpoints, prints the resume command, exits 0
     proc = start(run_dir, [*overrides(algorithm), *logger], **wandb)
     try:
-        wait_for_train_row(run_dir, proc, 0)
+        wait_for_train_row(run_dir, proc, 1)
         proc.send_signal(sig)
         assert proc.wait(timeout=60) == 0
     finally:
@@ -121,7 +121,7 @@ def test_signal_then_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path, t
         cli(f"resume={run_dir}"), cwd=REPO, env=env(**wandb), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
-        wait_for_train_row(run_dir, proc, 3)
+        wait_for_train_row(run_dir, proc, 4)
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -300,14 +300,14 @@ def test_nonfinite_weights_stop_the_run_before_they_are_saved(tmp_path, monkeypa
     with pytest.raises(NonFiniteError) as err:
         start_run(tmp_path, run_dir, *overrides("ppo")[1:])
     text = str(err.value)
-    assert text.startswith(f"iteration {at} left non-finite weights (llm1/") and "\n" not in text
+    assert text.startswith(f"iteration {at + 1} left non-finite weights (llm1/") and "\n" not in text
     if last_good:  # named only when it exists
         assert f"The last good checkpoint, {run_dir / 'checkpoints' / last_good}, is intact" in text
         assert latest_checkpoint(run_dir).name == last_good
     else:
         assert "No checkpoint was written before this point" in text and latest_checkpoint(run_dir) is None
     train_rows = [r for r in read_rows(run_dir) if "train/llm1/kl" in r]
-    assert [r["iteration"] for r in train_rows] == list(range(at + 1))  # logged up to the bad step, nothing lost
+    assert [r["iteration"] for r in train_rows] == list(range(1, at + 2))  # logged up to the bad step, nothing lost
 
 
 def test_exploded_weights_stop_the_run_in_one_line(tmp_path):
@@ -383,7 +383,7 @@ def test_a_failed_write_is_one_line_naming_the_file_and_keeps_what_was_written(t
     assert err == f"error: {message}\n" and message.startswith(f"cannot write {calls[1]} ({os.strerror(code)})")
     assert f"the run folder {run_dir} keeps everything written" in message
     assert latest_checkpoint(run_dir).name == "iter_000002"
-    assert [r["iteration"] for r in read_rows(run_dir) if "train/llm1/kl" in r] == [0, 1, 2, 3]
+    assert [r["iteration"] for r in read_rows(run_dir) if "train/llm1/kl" in r] == [1, 2, 3, 4]
 
 
 def test_training_outside_the_main_thread_leaves_signals_alone(tmp_path):
@@ -420,7 +420,7 @@ def test_a_failing_reward_gets_the_failure_reward_and_is_counted(tmp_path, monke
     assert failures == [2, 0, 0, 0]
     assert capsys.readouterr().out.count("reward failed on") == 1  # the first error only, evaluations included
     samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
-    first = [s for s in samples if s["table"] == "train/samples" and s["iteration"] == 0]
+    first = [s for s in samples if s["table"] == "train/samples" and s["iteration"] == 1]
     assert [s["pioneer_reward"] for s in first[:2]] == [-1.0, -1.0]
 
 

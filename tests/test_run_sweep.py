@@ -66,7 +66,7 @@ def test_a_stopped_sweep_resumes_and_a_finished_one_is_skipped(tmp_path):
     assert "resume=" in second.stdout and "finished" in second.stdout
     assert f"(iteration {stopped_at['iterations']})" in (out / "logs" / "run_seed=3.log").read_text()
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["iteration"] for r in rows if "train/llm1/kl" in r] == list(range(40))  # each iteration once
+    assert [r["iteration"] for r in rows if "train/llm1/kl" in r] == list(range(1, 41))  # each iteration once
     assert json.loads((run / "summary.json").read_text())["completed"] is True
     assert (out / "frontier.csv").is_file()  # summarised like a multirun
     # --results: the finished run's small files, byte for byte, and nothing else (no checkpoint, no weights)

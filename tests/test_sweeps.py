@@ -321,7 +321,7 @@ def test_a_job_started_from_a_sweep_file_in_run_mode_resumes_as_one_run(tmp_path
     code, err = run_main(monkeypatch, capsys, f"resume={run}", "iterations=2")
     assert code == 0, err
     assert json.loads((run / "summary.json").read_text())["iterations"] == 2
-    assert [r["iteration"] for r in read_rows(run) if "train/llm1/kl" in r] == [0, 1]
+    assert [r["iteration"] for r in read_rows(run) if "train/llm1/kl" in r] == [1, 2]
     assert not (tmp_path / "outputs").exists()  # no multirun folder
 
 
@@ -405,4 +405,4 @@ def test_resume_takes_any_folder_a_shell_can_pass(tmp_path, monkeypatch, capsys,
     code, err = run_main(monkeypatch, capsys, f"resume={run_dir}", "iterations=3")
     assert code == 0, err
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["iteration"] for r in rows if "train/llm1/kl" in r] == [0, 1, 2]
+    assert [r["iteration"] for r in rows if "train/llm1/kl" in r] == [1, 2, 3]

@@ -98,4 +98,4 @@ def test_a_target_the_users_own_command_named_is_built_again_when_the_command_na
     assert code == 2 and "task._target_: helpers.paced.PacedToyTask, which no installed config names" in err
     code, err = run_main(monkeypatch, capsys, f"resume={run_dir}", "iterations=3", own[0])
     assert code == 0, err
-    assert [r["iteration"] for r in read_rows(run_dir) if "train/llm1/kl" in r] == [0, 1, 2]
+    assert [r["iteration"] for r in read_rows(run_dir) if "train/llm1/kl" in r] == [1, 2, 3]

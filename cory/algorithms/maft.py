@@ -21,10 +21,9 @@ is judged by a paired test (`cory-report paired`).
 Through the trainer (`cory.algorithms.base.Algorithm`), one iteration is one fine-tuning round and the run-level
 `iterations` is the number of rounds L:
 - `evaluate(k)` is the held-out debate after k rounds (k = 0: the base agents, the free baselines);
-- `step(k)` is fine-tuning round k + 1 (0-based iterations, 1-based rounds). So in metrics.jsonl the row of
-  iteration k with `maft/eval/...` holds the evaluation after round k, and the row of iteration k with
-  `maft/train/...`, `maft/data/...` and `maft/sft/...` holds round k + 1's fine-tuning (before the trainer, one row per
-  round held round k's fine-tuning and evaluation together).
+- `step(k)` is fine-tuning round k + 1 (0-based iterations, 1-based rounds). In metrics.jsonl, whose `iteration`
+  counts completed iterations, the row of iteration k with `maft/eval/...` holds the evaluation after round k, and
+  the row of iteration k with `maft/train/...`, `maft/data/...` and `maft/sft/...` holds round k's fine-tuning.
 Every stage (each debate round, each agent's SFT) is saved in the run folder as it finishes (`cory.maft.store`) and
 seeded by (seed, stage); a checkpoint holds every trained agent's weights. A run killed mid-round and resumed from its
 last checkpoint reads back the stages it had finished since and continues exactly as an uninterrupted run.

@@ -5,7 +5,7 @@ debate that labels the fine-tuning data, `<agent>` is `gen1..genN` or `critic1..
 definition, as `cory.ppo.metrics.PPO_METRICS` does for PPO and CORY. The held-out metrics (`maft/eval/...`) are logged
 at step k = the number of finished fine-tuning rounds, so step 0 holds the free baselines: single sample, round-1
 majority and debate, all with the base agents (§7 "Free baselines"). The fine-tuning metrics (`maft/train/...`,
-`maft/data/...`, `maft/sft/...`) of round k + 1 are logged at step k, the trainer's iteration that runs it.
+`maft/data/...`, `maft/sft/...`) of round k are logged at step k too, the trainer's k-th completed iteration.
 
 Accuracies are means of 0/1 outcomes over problems with the paper's standard error √(p(1−p)/n); a per-problem mean
 over agents (single-sample accuracy) gets the same population formula, √(Var/n). Diversity is measured two ways:

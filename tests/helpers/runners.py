@@ -104,7 +104,8 @@ def start(run_dir: Path, args: list[str], **extra_env: str) -> subprocess.Popen:
 
 
 def wait_for_train_row(run_dir: Path, proc: subprocess.Popen, iteration: int, timeout: float = 90.0) -> None:
-    """Poll metrics.jsonl until the training row of `iteration` is written; the process must still be running."""
+    """Poll metrics.jsonl until the training row logged after `iteration` completed iterations is written; the
+    process must still be running."""
     deadline = time.monotonic() + timeout
     path = run_dir / "metrics.jsonl"
     while time.monotonic() < deadline:
@@ -164,7 +165,7 @@ def check_run_folder(run_dir: Path, algorithm: str, iterations: int) -> None:
     assert all(isinstance(r["iteration"], int) for r in rows)
     train_rows = [r for r in rows if any(k.startswith("train/") for k in r)]
     eval_rows = [r for r in rows if any(k.startswith("eval/") for k in r)]
-    assert [r["iteration"] for r in train_rows] == list(range(iterations))
+    assert [r["iteration"] for r in train_rows] == list(range(1, iterations + 1))  # completed iterations
     assert eval_rows[0]["iteration"] == 0 and eval_rows[-1]["iteration"] == iterations
     required = set(RUN_KEYS)
     for a in agents:
