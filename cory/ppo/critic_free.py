@@ -28,6 +28,11 @@ class CriticFreeConfig(PPOConfig):
     the completion is one action, its advantage comes from the group, and there is no value loss.
     """
 
+    # value ranges, checked before any model loads (cory/config.py `check_ranges`)
+    RANGES = {
+        "group_size": "[2, inf); a group baseline",
+    }
+
     advantage: str  # `grpo`: (R − mean)/(std + ε) over the group; `rloo`: R − mean of the other G − 1
     group_size: int  # G samples per prompt; `batch_size` samples per iteration hold batch_size / G prompts
 

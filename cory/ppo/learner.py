@@ -42,6 +42,26 @@ class PPOConfig:
     `PPOConfig.from_yaml(**overrides)` reads that block.
     """
 
+    # value ranges, checked before any model loads (cory/config.py `check_ranges`)
+    RANGES = {
+        "learning_rate": "(0, inf)",
+        "init_kl_coef": "[0, inf)",
+        "kl_target": "(0, inf)",
+        "kl_horizon": "(0, inf)",
+        "gamma": "[0, 1]",
+        "lam": "[0, 1]",
+        "cliprange": "(0, 1]; the ratio is clipped to [1 - cliprange, 1 + cliprange]",
+        "cliprange_value": "(0, inf)",
+        "vf_coef": "[0, inf)",
+        "ppo_epochs": "[1, inf)",
+        "mini_batch_size": "[1, inf)",
+        "gradient_accumulation_steps": "[1, inf)",
+        "ratio_threshold": "(1, inf); at 1 or below nearly every minibatch is skipped",
+        "score_clip": "(0, inf)",
+        "max_grad_norm": "(0, inf)",
+        "target_kl": "(0, inf)",
+    }
+
     learning_rate: float
     init_kl_coef: float  # β_0 (the paper's η)
     adaptive_kl: bool  # TRL's adaptive controller (docs/method.md §2.8); false keeps β fixed

@@ -30,6 +30,14 @@ class ArithmeticTask(ReasoningTask):
         The other arguments are `ReasoningTask`'s.
     """
 
+    # value ranges, checked before any model loads (cory/config.py `check_ranges`)
+    RANGES = {
+        "num_train": "[1, inf)",
+        "num_eval": "[1, inf)",
+        "terms": "[1, inf)",
+        "digits": "[1, inf)",
+    }
+
     def __init__(
         self,
         tokenizer: PreTrainedTokenizerBase | None,

@@ -42,6 +42,11 @@ class ReasoningTask:
         name: task name for logs.
     """
 
+    # value ranges, checked before any model loads (cory/config.py `check_ranges`)
+    RANGES = {
+        "eval_kl_coef": "[0, inf)",
+    }
+
     def __init__(
         self,
         train: list[Problem],
@@ -112,6 +117,13 @@ class GSM8KTask(ReasoningTask):
         seed: seed of the test-set shuffle and of the generated problems.
         The other arguments are `ReasoningTask`'s.
     """
+
+    # value ranges, checked before any model loads (cory/config.py `check_ranges`)
+    RANGES = {
+        "num_train": "[1, inf)",
+        "num_eval": "[1, inf)",
+        "symbolic_sizes": "[1, inf)",
+    }
 
     SOURCES = ("hub", "gsm_symbolic")  # values of `task.source`, checked by `cory.config.validate`
 
