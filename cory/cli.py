@@ -386,7 +386,7 @@ def explain(err: BaseException, overrides: Sequence[str]) -> str:
         )
     if match := re.search(r"Could not override '([^']+)'", text):
         return _unknown_key(match.group(1), overrides)
-    if match := re.search(r"Could not find '(.+)/([^/']+)'", text):
+    if match := re.search(r"Could not find '([^']+)/([^/']+)'", text):
         group, option = match.groups()
         listed = re.search(rf"Available options in '{re.escape(group)}': (.*)$", text)
         options = listed.group(1).split() if listed else []
@@ -394,7 +394,7 @@ def explain(err: BaseException, overrides: Sequence[str]) -> str:
         return (
             f"{group}={option}: no such option"
             + (f"; did you mean {group}={guess}?" if guess else "")
-            + (f" Available: {', '.join(options)}" if options else f" (Could not find '{group}/{option}')")
+            + (f" (available: {', '.join(options)})" if options else f" (no config {group}/{option}.yaml)")
         )
     return text
 

@@ -393,7 +393,7 @@ def _check_target(node: DictConfig, key: str, skip: tuple[str, ...] = (), slot: 
     except Exception as err:  # noqa: BLE001 - ImportError, AttributeError, ValueError from Hydra's locate
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ConfigError(f"{key}._target_={target}: cannot be imported ({first})") from None
-    params = _check_fits(obj, target, key, slot)
+    params = _check_fits(obj, target, key, None if node.get("_partial_") else slot)  # a partial is callable
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         names = [n for n, p in params.items() if p.kind is not inspect.Parameter.VAR_POSITIONAL]
         _check_keys(node, key, names, target, skip)
@@ -409,17 +409,19 @@ def _check_target(node: DictConfig, key: str, skip: tuple[str, ...] = (), slot: 
 def _check_fits(obj: Any, target: str, key: str, slot: Any) -> types.MappingProxyType:
     """`obj` (what `key._target_` names) can stand where it is put; returns its parameters.
 
-    A builtin (`builtins.dict`, `builtins.int`) has no Python signature, so nothing checks the keys given to it and
-    building it fails far from the config; a class at `task` must have the `Task` protocol's methods; where the
+    A builtin (`builtins.dict`, `builtins.int`) takes no keys of ours (most have no signature to check them against)
+    and building it fails far from the config; a class at `task` must have the `Task` protocol's methods; where the
     parent's annotation asks for a callable (a task's `reward`), a class must make callable instances.
     """
     try:
         params = inspect.signature(obj).parameters
-    except (TypeError, ValueError):  # a builtin type or function
+    except (TypeError, ValueError):  # a type or function written in C: no signature to check the keys against
+        params = None
+    if params is None or getattr(obj, "__module__", None) == "builtins":
         raise ConfigError(
-            f"{key}._target_={target}: a builtin with no Python signature; {key} needs a class or function "
-            "written in Python whose parameters are its keys"
-        ) from None
+            f"{key}._target_={target}: a Python builtin; {key} needs a class or function whose parameters are its "
+            "keys (one cory/conf names, or your own: docs/extending.md)"
+        )
     if key == "task" and inspect.isclass(obj):
         from cory.tasks.base import Task
 

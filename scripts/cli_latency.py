@@ -53,7 +53,9 @@ def imports_torch(args: list[str], extra: dict[str, str]) -> bool:
     env = os.environ | {"HF_HUB_OFFLINE": "1"} | extra
     argv = [sys.executable, "-X", "importtime", "-m", "cory.train", *args]
     out = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    return any(line.rstrip().endswith(("| torch", "| transformers")) for line in out.stderr.splitlines())
+    # `import time: <self us> | <cumulative us> | <indent><module>`, one line per module imported
+    imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
+    return bool(imported & {"torch", "transformers"})
 
 
 def main() -> None:
