@@ -3,9 +3,10 @@
     python scripts/cli_latency.py                 # 5 runs of each command
     python scripts/cli_latency.py --runs 10
 
-Each command is a fresh process, as a shell starts it: `cory-train --help` (the console command next to this
-Python; `python -m cory.train --help` too), and `cory-train -sc query=bash` as bash's completion asks it, for a
-config group (`cory-train algorithm=<TAB>`) and for a key (`cory-train algorithm.agent.le<TAB>`). Prints one JSON
+Each command is a fresh process, as a shell starts it, through the console command next to this Python
+(`cory-train`, when installed) and through `python -m cory.train`: `--help`, and `-sc query=bash` as bash's
+completion asks it (installed for `cory-train` only), for a config group (`cory-train algorithm=<TAB>`) and for a
+key (`cory-train algorithm.agent.le<TAB>`). Prints one JSON
 object: per command the median and every run's wall seconds, and whether the process imported torch (read from
 `python -X importtime`; the answer should need neither torch nor transformers). Speed is measured here, never in a
 timed unit test; tests/test_console.py checks that help and completion import no torch.
@@ -69,8 +70,6 @@ def main() -> None:
     report = {}
     for start, prefix in starts.items():
         for name, (argv, extra) in commands().items():
-            if name != "help" and start != "cory-train":
-                continue  # bash completes through the console command only
             times = [run(prefix + argv, extra) for _ in range(args.runs)]
             report[f"{start} {name}"] = {
                 "median_s": round(statistics.median(times), 3),

@@ -552,3 +552,15 @@ def test_ctrl_c_at_any_moment_of_start_up_is_one_line_and_exit_code_130(tmp_path
     assert proc.returncode == 130 and "Traceback" not in err, err[-3000:]
     assert err.strip().splitlines() == ["error: interrupted (SIGINT) before the run began; nothing was kept"]
     assert not run_dir.exists()
+
+
+def test_the_command_of_extending_md_answers_in_one_line(capsys):
+    """docs/extending.md's "A command" example, run as printed: its own expected failure is one line, code 2."""
+    page = (REPO / "docs" / "extending.md").read_text().split("## A command", 1)[1]
+    code = page.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict = {}
+    exec(compile(code, "docs/extending.md", "exec"), namespace)
+    with pytest.raises(SystemExit) as exit_:
+        namespace["main"](["outputs/runs/one"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == "error: 1 run folder given: a comparison needs two or more\n"
