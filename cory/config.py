@@ -53,6 +53,7 @@ CSV_COLUMNS = {
 }
 TEMPLATE_FIELDS = ("query", "response")
 TRAIN_YAML = Path(__file__).resolve().parent / "conf" / "train.yaml"
+PROBLEMS = ("train_problems", "eval_problems")  # a task that only provides problems (MAFT needs no more)
 
 # Hugging Face `generate`'s sampling settings a task may set in its `generation_kwargs` (the `Task` protocol): the
 # type and the range outside which `generate` fails deep in a run (a zero temperature or repetition penalty, a
@@ -410,8 +411,9 @@ def _check_fits(obj: Any, target: str, key: str, slot: Any) -> types.MappingProx
     """`obj` (what `key._target_` names) can stand where it is put; returns its parameters.
 
     A builtin (`builtins.dict`, `builtins.int`) takes no keys of ours (most have no signature to check them against)
-    and building it fails far from the config; a class at `task` must have the `Task` protocol's methods; where the
-    parent's annotation asks for a callable (a task's `reward`), a class must make callable instances.
+    and building it fails far from the config; a class at `task` must have the `Task` protocol's methods or provide
+    problems (`PROBLEMS`); where the parent's annotation asks for a callable (a task's `reward`), a class must make
+    callable instances.
     """
     try:
         params = inspect.signature(obj).parameters
@@ -427,7 +429,12 @@ def _check_fits(obj: Any, target: str, key: str, slot: Any) -> types.MappingProx
 
         needed = [n for n, v in vars(Task).items() if inspect.isfunction(v) and not n.startswith("_")]
         missing = [n for n in needed if not callable(getattr(obj, n, None))]
-        _check(not missing, f"task._target_={target}: not a task; it lacks {', '.join(missing)} (cory/tasks/base.py)")
+        problems = all(callable(getattr(obj, n, None)) for n in PROBLEMS)  # enough for MAFT
+        _check(
+            not missing or problems,
+            f"task._target_={target}: not a task; it lacks {', '.join(missing)} (the Task protocol, "
+            f"cory/tasks/base.py) and does not provide problems ({', '.join(PROBLEMS)})",
+        )
     callable_slot = slot is collections.abc.Callable or typing.get_origin(slot) is collections.abc.Callable
     if callable_slot and inspect.isclass(obj):
         calls = any("__call__" in vars(k) for k in obj.__mro__ if k is not object)

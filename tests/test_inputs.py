@@ -450,7 +450,7 @@ BUILTIN_TARGETS = {  # overrides → the one-line message starts with
     "logger._target_=builtins.dict": "logger._target_=builtins.dict: a Python builtin",
     f"{A}._target_=builtins.float": f"{A}._target_=builtins.float: a Python builtin",
     "task._target_=cory.tasks.rewards.TfidfSentimentReward": "task._target_=cory.tasks.rewards.TfidfSentimentReward: "
-    "not a task; it lacks train_queries, eval_queries, pioneer_prompt, observer_prompt, score",
+    "not a task; it lacks train_queries, eval_queries, pioneer_prompt, observer_prompt, score (the Task protocol",
     "task=imdb task.reward._target_=cory.tasks.toy.ToyTask": "task.reward._target_=cory.tasks.toy.ToyTask: its "
     "instances cannot be called, and task.reward must be callable",
 }
