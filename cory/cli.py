@@ -162,9 +162,13 @@ def prepare(args: list[str]) -> list[str]:
         swept = _sweeps(overrides)
         multirun = parsed.multirun or values.get("hydra.mode") == "MULTIRUN"
         if swept and not multirun and not _sweep_file(values):  # Hydra's own message is a numbered list
+            key = swept[0].key_or_group
+            what = (
+                "give it one value: --cfg prints one run's config" if parsed.cfg else "add -m to run one job per value"
+            )
             raise ConfigError(
-                f"{swept[0].input_line}: a comma list is a sweep; add -m to run one job per value (a list value is "
-                f"written {swept[0].key_or_group}=[a,b], a string with a comma {swept[0].key_or_group}='a,b')"
+                f"{swept[0].input_line}: a comma list is a sweep; {what} (a list value is written {key}=[a,b], a "
+                f"string with a comma {key}='a,b')"
             )
         if multirun or _sweep_file(values):
             check_sweep_composes(overrides)  # before Hydra creates the sweep's folder
@@ -608,7 +612,8 @@ def help_text(prog: str) -> str:
         if names:
             lines.append(f"  {group:<{width - 2}}{', '.join(names)}")
     lines += ["", "the ten most used overrides:"]
-    lines += [f"  {override:<{width + 6}}{what}" for override, what in TEN_OVERRIDES]
+    column = max(len(override) for override, _ in TEN_OVERRIDES) + 2
+    lines += [f"  {override:<{column}}{what}" for override, what in TEN_OVERRIDES]
     lines += ["", "documentation (in the source repository):"]
     lines += [f"  {page:<{width - 2}}{what}" for page, what in DOC_PAGES]
     lines += [
@@ -642,7 +647,7 @@ def _first_sentence(path: Path) -> str:
         if not line.startswith("# @package"):
             comment.append(line.lstrip("# ").strip())
     text = " ".join(comment)
-    end = re.search(r"\.(\s|$)", text)
+    end = re.search(r"(?<!\bFigs)(?<!\bFig)(?<!\be\.g)(?<!\bi\.e)\.(\s|$)", text)  # not "paper Figs. 7-10"
     return text[: end.start() + 1] if end else text
 
 
