@@ -3,12 +3,18 @@
 Each failure is one line naming the key, its value and what is allowed (`python -m cory.train` prints it as
 `error: ...` and exits with code 2). In order:
 
-1. every number anywhere in the config is finite (no `inf`, no `nan`);
+1. every number anywhere in the config is finite (no `inf`, no `nan`), and no top-level key is one nothing reads
+   (`+algoritm=ppo`);
 2. types, derived from the code rather than restated here: the run-level keys against `RunSettings`, the hardware
    keys against `HardwareSettings`, and every `_target_`'s keys (the algorithm's, its learner's, the task's, ...)
-   against its signature's annotations, so a new learner or task needs no edit here;
-3. ranges: the run-level ones here; a component's own ranges are checked by its constructor when the algorithm
-   node is built (cheaply: `_partial_` nodes and dataclasses, no model), e.g. `PPOConfig.__post_init__`;
+   against its signature's annotations, so a new learner or task needs no edit here; a `_target_` must fit its
+   place (a Python class or function, not a builtin like `builtins.dict`; a task that has the `Task` methods; a
+   callable where the parent's annotation asks for one, e.g. a task's reward);
+3. ranges, declared beside the parameter they limit (`declared_ranges`: a class's `RANGES` mapping, or
+   `typing.Annotated[float, "(0, 1]"]`) and checked here for the run-level keys, the hardware, LoRA and every
+   `_target_`'s keys; the sampling settings a task passes to Hugging Face `generate` against `SAMPLING`. A
+   component's constructor still checks its combinations when the algorithm node is built (cheaply: `_partial_`
+   nodes and dataclasses, no model), e.g. `PPOConfig.__post_init__`;
 4. local inputs: a local model folder, data files (present, not empty, with the columns their reader needs),
    observer templates (only `{query}` and `{response}`).
 
@@ -24,6 +30,7 @@ import dataclasses
 import importlib.util
 import inspect
 import math
+import re
 import string
 import types
 import typing
@@ -36,7 +43,7 @@ from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from cory.errors import USER_ERRORS, ConfigError, one_line
+from cory.errors import USER_ERRORS, ConfigError, did_you_mean, one_line
 from cory.settings import HardwareSettings, RunSettings
 
 # Columns each CSV reader needs, by the target that reads `data_files` (shown in the message with the optional ones).
@@ -45,6 +52,37 @@ CSV_COLUMNS = {
     "cory.tasks.rewards.TfidfSentimentReward": (("text", "label"), "text,label[,source]"),
 }
 TEMPLATE_FIELDS = ("query", "response")
+TRAIN_YAML = Path(__file__).resolve().parent / "conf" / "train.yaml"
+PROBLEMS = ("train_problems", "eval_problems")  # a task that only provides problems (MAFT needs no more)
+
+# Hugging Face `generate`'s sampling settings a task may set in its `generation_kwargs` (the `Task` protocol): the
+# type and the range outside which `generate` fails deep in a run (a zero temperature or repetition penalty, a
+# negative top_k, zero beams) or ignores the value without a word (top_p above 1). Other `GenerationConfig` fields
+# and `generate`'s own arguments pass unchecked; anything else is a typo.
+SAMPLING: dict[str, tuple[Any, str | None]] = {
+    "do_sample": (bool, None),
+    "temperature": (float, "(0, inf)"),
+    "top_k": (int | None, "[0, inf); 0: no top-k filter"),
+    "top_p": (float | None, "(0, 1]"),
+    "typical_p": (float | None, "(0, 1]"),
+    "min_p": (float | None, "[0, 1]"),
+    "epsilon_cutoff": (float, "[0, 1)"),
+    "eta_cutoff": (float, "[0, 1)"),
+    "repetition_penalty": (float, "(0, inf); 1: none"),
+    "no_repeat_ngram_size": (int, "[0, inf)"),
+    "num_beams": (int, "[1, inf)"),
+}
+# `generate` arguments the run sets itself: a task may not (a second value is a TypeError in `generate`)
+SET_BY_THE_RUN = {
+    "max_new_tokens": "the task's max_new_tokens=[min, max] sets it",
+    "min_new_tokens": "a response may be just EOS (docs/method.md §2.9)",
+    "max_length": "the task's max_new_tokens=[min, max] sets the length",
+    "min_length": "a response may be just EOS (docs/method.md §2.9)",
+    "num_return_sequences": "one response per prompt; the algorithm repeats prompts itself (group_size)",
+    "pad_token_id": "the tokenizer's",
+    "eos_token_id": "the tokenizer's",
+    "bos_token_id": "the tokenizer's",
+}
 
 
 def _check(ok: bool, message: str) -> None:
@@ -55,6 +93,7 @@ def _check(ok: bool, message: str) -> None:
 def validate(cfg: DictConfig) -> None:
     """Raise `ConfigError` on the first invalid value or combination."""
     _check_finite(_resolved(cfg))
+    _check_top_level(cfg)
     _check_run(cfg)
     from cory.policy import HANDLE_KEYS  # the model keys read by `Backbone`, not by the loader
 
@@ -68,6 +107,8 @@ def validate(cfg: DictConfig) -> None:
     # a typo'd key, a wrong `_target_` or a value of the wrong type would otherwise fail after the model loads
     for group, skip in (("model", HANDLE_KEYS), ("task", ()), ("logger", ())):
         _check_target(cfg[group], group, skip=skip)
+    if isinstance(cfg.task.get("generation_kwargs"), DictConfig):
+        check_sampling(cfg.task.generation_kwargs, "task.generation_kwargs")
     _check_local_inputs(cfg)
     _build_algorithm_node(cfg)
 
@@ -183,19 +224,106 @@ def _show(value: Any) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------- ranges
+# A range is interval text: "[0, 1]", "(0, inf)", "[0, 2^32)", with an optional "; note" that the message repeats.
+_INTERVAL = re.compile(r"^\s*([\[(])\s*([^,]+?)\s*,\s*([^\])]+?)\s*([\])])\s*(?:;\s*(.*?)\s*)?$")
+
+
+def _bound(text: str) -> float:
+    if "^" in text:
+        base, power = text.split("^")
+        return float(base) ** float(power)
+    return float(text)
+
+
+def range_problem(value: Any, spec: str, nullable: bool = False) -> str | None:
+    """None when the number `value` lies in the interval `spec`; otherwise what it must be ("in [0, 1]",
+    ">= 1", "> 0"; "or null" when `nullable`; then the spec's note)."""
+    match = _INTERVAL.match(spec)
+    if match is None:
+        raise ValueError(f"not a range: {spec!r} (write it as [lo, hi], (lo, hi), [lo, inf), ...)")
+    left, lo_text, hi_text, right, note = match.groups()
+    lo, hi = _bound(lo_text), _bound(hi_text)
+    above = value >= lo if left == "[" else value > lo
+    below = value <= hi if right == "]" else value < hi
+    if above and below:
+        return None
+    if math.isinf(hi):
+        what = f"{'>=' if left == '[' else '>'} {lo_text}"
+    elif math.isinf(lo):
+        what = f"{'<=' if right == ']' else '<'} {hi_text}"
+    else:
+        what = f"in {left}{lo_text}, {hi_text}{right}"
+    return what + (" or null" if nullable else "") + (f" ({note})" if note else "")
+
+
+def declared_ranges(obj: Any) -> dict[str, str]:
+    """The ranges a class or function declares for its parameters: `RANGES = {"gamma": "[0, 1]"}` on a class
+    (merged along its bases, a subclass's entry winning), or interval text in a parameter's `typing.Annotated`
+    metadata (`learning_rate: Annotated[float, "(0, inf)"]`)."""
+    ranges: dict[str, str] = {}
+    for cls in reversed(getattr(obj, "__mro__", ())):
+        ranges |= dict(vars(cls).get("RANGES", {}))
+    if not inspect.isclass(obj):
+        ranges |= dict(getattr(obj, "RANGES", {}))
+    try:
+        function = obj.__init__ if inspect.isclass(obj) and not dataclasses.is_dataclass(obj) else obj
+        annotated = typing.get_type_hints(function, include_extras=True)
+    except Exception:  # noqa: BLE001 - an annotation that does not evaluate declares nothing
+        annotated = {}
+    for name, hint in annotated.items():
+        if typing.get_origin(hint) is typing.Annotated:
+            specs = [spec for spec in hint.__metadata__ if isinstance(spec, str) and _INTERVAL.match(spec)]
+            if specs:
+                ranges[name] = specs[-1]
+    return ranges
+
+
+def check_ranges(values: Any, obj: Any, key: str, skip: tuple[str, ...] = ()) -> None:
+    """Each value of `values` (a config node) whose parameter `obj` declares a range lies in it; null passes where
+    the annotation allows it (the message then says "or null"), and each number of a list value is checked."""
+    hints = _hints(obj)
+    for name, spec in declared_ranges(obj).items():
+        if name not in values or name in skip:
+            continue
+        value = values[name]
+        many = isinstance(value, (list, tuple, ListConfig))
+        for number in value if many else [value]:
+            if number is None or isinstance(number, bool) or not isinstance(number, (int, float)):
+                continue  # null, or a type `_check_types` has answered
+            nullable = name in hints and type_problem(None, hints[name]) is None
+            problem = range_problem(number, spec, nullable)
+            _check(problem is None, f"{key}{name}={_show(value)}: {'each value ' if many else ''}must be {problem}")
+
+
+def check_sampling(kwargs: DictConfig | dict, key: str) -> None:
+    """A task's `generation_kwargs`: known to Hugging Face `generate`, not one the run sets itself, and of the type
+    and in the range of `SAMPLING`."""
+    from transformers import GenerationConfig, GenerationMixin
+
+    known = set(GenerationConfig().to_dict()) | set(inspect.signature(GenerationMixin.generate).parameters)
+    for name, value in kwargs.items():
+        name = str(name)
+        if name in SET_BY_THE_RUN:
+            raise ConfigError(f"{key}.{name}: set by the run, not by a task ({SET_BY_THE_RUN[name]}); remove it")
+        if name not in known:
+            guess = did_you_mean(name, [*SAMPLING, *known])
+            raise ConfigError(
+                f"{key}.{name}: not a setting of Hugging Face generate"
+                + (f"; did you mean {key}.{guess}?" if guess else f" (sampling settings: {', '.join(SAMPLING)})")
+            )
+        if name not in SAMPLING:
+            continue
+        hint, spec = SAMPLING[name]
+        problem = type_problem(value, hint)
+        _check(problem is None, f"{key}.{name}={_show(value)}: expected {problem}")
+        if spec is not None and value is not None:
+            problem = range_problem(value, spec)
+            _check(problem is None, f"{key}.{name}={_show(value)}: must be {problem}")
+
+
 def _check_run(cfg: DictConfig) -> None:
     _check_types(cfg, _hints(RunSettings), "")
-    _check(0 <= cfg.seed < 2**32, f"seed={cfg.seed}: must be in [0, 2^32) (numpy's seed range)")
-    _check(cfg.iterations >= 1, f"iterations={cfg.iterations}: must be >= 1")
-    _check(cfg.batch_size >= 2, f"batch_size={cfg.batch_size}: must be >= 2 (advantages are whitened)")
-    for key in ("eval_every", "save_every"):
-        _check(cfg[key] >= 0, f"{key}={cfg[key]}: must be >= 0 (0: only at the end)")
-    _check(cfg.keep_checkpoints >= 1, f"keep_checkpoints={cfg.keep_checkpoints}: must be >= 1")
-    _check(cfg.max_bad_iterations >= 1, f"max_bad_iterations={cfg.max_bad_iterations}: must be >= 1")
-    _check(cfg.num_eval is None or cfg.num_eval >= 1, f"num_eval={cfg.num_eval}: must be >= 1 or null")
-    final = cfg.get("num_eval_final")
-    _check(final is None or final >= 1, f"num_eval_final={final}: must be >= 1 or null")
-    _check(cfg.eval_batch_size >= 1, f"eval_batch_size={cfg.eval_batch_size}: must be >= 1")
+    check_ranges(cfg, RunSettings, "")
     if cfg.get("resume"):
         _check(Path(cfg.resume).is_dir(), f"resume={cfg.resume}: no such run folder")
 
@@ -219,6 +347,7 @@ def _check_task_and_hardware(cfg: DictConfig) -> None:
             _check(cfg.task.source in sources, f"task.source={cfg.task.source!r}: allowed {allowed}")
     hw = cfg.hardware
     _check_types(hw, _hints(HardwareSettings), "hardware.")
+    check_ranges(hw, HardwareSettings, "hardware.")
     _check(hw.precision in ("fp32", "bf16", "fp16"), f"hardware.precision={hw.precision!r}: allowed fp32, bf16, fp16")
     if hw.device != "auto":
         try:
@@ -227,10 +356,6 @@ def _check_task_and_hardware(cfg: DictConfig) -> None:
             raise ConfigError(f"hardware.device={hw.device}: not a device; use cpu, cuda, cuda:<n> or auto") from None
     if str(hw.device).startswith("cuda"):
         _check(torch.cuda.is_available(), f"hardware.device={hw.device} but CUDA is not available; use hardware=cpu")
-    _check(
-        hw.forward_batch_size >= 1 and hw.generation_batch_size >= 1,
-        "hardware.forward_batch_size and hardware.generation_batch_size must be >= 1",
-    )
 
 
 def _check_model(cfg: DictConfig) -> None:
@@ -240,10 +365,7 @@ def _check_model(cfg: DictConfig) -> None:
 
         _check_keys(lora, "model.lora", [f.name for f in dataclasses.fields(LoraSettings)], "the LoRA settings")
         if lora.enabled:
-            _check(
-                lora.r >= 1 and lora.alpha > 0, f"model.lora.r={lora.r}, alpha={lora.alpha}: need r >= 1, alpha > 0"
-            )
-            _check(0 <= lora.dropout < 1, f"model.lora.dropout={lora.dropout}: must be in [0, 1)")
+            check_ranges(lora, LoraSettings, "model.lora.")
     if cfg.model.get("load_in_4bit"):
         _check(
             torch.cuda.is_available(),
@@ -261,8 +383,9 @@ def _check_model(cfg: DictConfig) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------- targets
-def _check_target(node: DictConfig, key: str, skip: tuple[str, ...] = ()) -> None:
-    """`node._target_` imports, every key of `node` is one of its parameters with a value of the annotated type;
+def _check_target(node: DictConfig, key: str, skip: tuple[str, ...] = (), slot: Any = None) -> None:
+    """`node._target_` imports and fits its place (`_check_fits`; `slot`: the parent's annotation of this key),
+    every key of `node` is one of its parameters with a value of the annotated type and in the declared range;
     nested targets too."""
     target = node.get("_target_")
     _check(isinstance(target, str), f"{key}._target_ is missing")
@@ -271,21 +394,79 @@ def _check_target(node: DictConfig, key: str, skip: tuple[str, ...] = ()) -> Non
     except Exception as err:  # noqa: BLE001 - ImportError, AttributeError, ValueError from Hydra's locate
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ConfigError(f"{key}._target_={target}: cannot be imported ({first})") from None
-    params = inspect.signature(obj).parameters
+    params = _check_fits(obj, target, key, None if node.get("_partial_") else slot)  # a partial is callable
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         names = [n for n, p in params.items() if p.kind is not inspect.Parameter.VAR_POSITIONAL]
         _check_keys(node, key, names, target, skip)
-    hints = {k: v for k, v in _hints(obj).items() if k in node and k not in skip}
+    all_hints = _hints(obj)
+    hints = {k: v for k, v in all_hints.items() if k in node and k not in skip}
     _check_types(node, {k: v for k, v in hints.items() if not isinstance(node[k], DictConfig)}, f"{key}.")
+    check_ranges(node, obj, f"{key}.", skip)
     for k, child in node.items():
         if isinstance(child, DictConfig) and "_target_" in child:
-            _check_target(child, f"{key}.{k}")
+            _check_target(child, f"{key}.{k}", slot=all_hints.get(k))
+
+
+def _check_fits(obj: Any, target: str, key: str, slot: Any) -> types.MappingProxyType:
+    """`obj` (what `key._target_` names) can stand where it is put; returns its parameters.
+
+    A builtin (`builtins.dict`, `builtins.int`) takes no keys of ours (most have no signature to check them against)
+    and building it fails far from the config; a class at `task` must have the `Task` protocol's methods or provide
+    problems (`PROBLEMS`); where the parent's annotation asks for a callable (a task's `reward`), a class must make
+    callable instances.
+    """
+    try:
+        params = inspect.signature(obj).parameters
+    except (TypeError, ValueError):  # a type or function written in C: no signature to check the keys against
+        params = None
+    if params is None or getattr(obj, "__module__", None) == "builtins":
+        raise ConfigError(
+            f"{key}._target_={target}: a Python builtin; {key} needs a class or function whose parameters are its "
+            "keys (one cory/conf names, or your own: docs/extending.md)"
+        )
+    if key == "task" and inspect.isclass(obj):
+        from cory.tasks.base import Task
+
+        needed = [n for n, v in vars(Task).items() if inspect.isfunction(v) and not n.startswith("_")]
+        missing = [n for n in needed if not callable(getattr(obj, n, None))]
+        problems = all(callable(getattr(obj, n, None)) for n in PROBLEMS)  # enough for MAFT
+        _check(
+            not missing or problems,
+            f"task._target_={target}: not a task; it lacks {', '.join(missing)} (the Task protocol, "
+            f"cory/tasks/base.py) and does not provide problems ({', '.join(PROBLEMS)})",
+        )
+    callable_slot = slot is collections.abc.Callable or typing.get_origin(slot) is collections.abc.Callable
+    if callable_slot and inspect.isclass(obj):
+        calls = any("__call__" in vars(k) for k in obj.__mro__ if k is not object)
+        _check(calls, f"{key}._target_={target}: its instances cannot be called, and {key} must be callable")
+    return params
 
 
 def _check_keys(node: DictConfig, key: str, allowed: list[str], what: str, skip: tuple[str, ...] = ()) -> None:
     for k in node:
         if not str(k).startswith("_") and k not in skip:
-            _check(k in allowed, f"{key}.{k}: unknown key for {what}; allowed: {', '.join(allowed)}")
+            guess = did_you_mean(str(k), allowed)
+            _check(
+                k in allowed,
+                f"{key}.{k}: unknown key for {what}"
+                + (f"; did you mean {key}.{guess}?" if guess else "")
+                + f" (allowed: {', '.join(allowed)})",
+            )
+
+
+def _check_top_level(cfg: DictConfig) -> None:
+    """Every top-level key is one `cory/conf/train.yaml` declares or chooses: a key added with `+` at the top
+    (`+algoritm=ppo`) would be read by nothing."""
+    train = OmegaConf.load(TRAIN_YAML)
+    groups = [str(next(iter(e))).split()[-1] for e in train.get("defaults", []) if isinstance(e, DictConfig)]
+    allowed = sorted({str(k) for k in train if k not in ("defaults", "hydra")} | set(groups))
+    for k in cfg:
+        if str(k) not in allowed:
+            guess = did_you_mean(str(k), allowed)
+            raise ConfigError(
+                f"{k}: not a key of the config, nothing would read it"
+                + (f"; did you mean {guess}?" if guess else f" (top-level keys: {', '.join(allowed)})")
+            )
 
 
 # ---------------------------------------------------------------------------------------------------------- inputs

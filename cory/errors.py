@@ -1,17 +1,23 @@
 """The errors whose message is written for the user: one line each, printed as `error: ...` with exit code 2.
 
 They live here, below every other module, so that any layer can raise them without importing the layer that
-reports them (`cory.train`).
+reports them. `entry_point` is the error boundary every command's `main` wears (`cory-train`, `cory-evaluate`, the
+study commands): expected failures are one line, Ctrl-C at any moment is one line and exit code 130, anything else
+keeps its traceback.
 """
 
 from __future__ import annotations
 
 import contextlib
+import difflib
 import errno
+import functools
 import os
 import re
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 
 class ConfigError(ValueError):
@@ -37,6 +43,97 @@ USER_ERRORS = (ConfigError, AssetUnavailableError, CheckpointError, NonFiniteErr
 def one_line(err: BaseException) -> str:
     """An exception's message on one line."""
     return " ".join(str(err).split()) or type(err).__name__
+
+
+def did_you_mean(word: str, candidates: Iterable[str]) -> str | None:
+    """The candidate a mistyped `word` most probably meant (`algoritm` → `algorithm`), or None when none is close;
+    case is ignored."""
+    by_lower = {str(c).lower(): str(c) for c in candidates}
+    close = difflib.get_close_matches(word.lower(), list(by_lower), n=1, cutoff=0.75)
+    return by_lower[close[0]] if close else None
+
+
+# ------------------------------------------------------------------------------------------------- error boundary
+# A write that failed for a reason the user can fix (disk full, quota, read-only or unwritable folder, a file where a
+# folder belongs, the file-size limit): one line naming the file, never a traceback.
+WRITE_ERRNOS = frozenset(
+    {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EFBIG}
+)
+INTERRUPTED = 130  # the shell's code for a process ended by SIGINT (128 + 2)
+
+_Main = TypeVar("_Main", bound=Callable[..., object])
+
+
+def interrupted(err: BaseException) -> bool:
+    """Whether `err` is Ctrl-C, or what a library made of it: a KeyboardInterrupt raised inside an import or a C
+    extension can surface as another exception (an ImportError, a RuntimeError) with the interrupt as its cause."""
+    seen: BaseException | None = err
+    for _ in range(32):  # a cycle in the chain is possible in principle; the chain is short in practice
+        if seen is None:
+            return False
+        if isinstance(seen, KeyboardInterrupt):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def fail(message: str, code: int = 2) -> None:
+    """Print `error: <message>` as one line on stderr and exit with `code`."""
+    print(f"error: {' '.join(message.split())}", file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
+@contextlib.contextmanager
+def error_boundary(
+    expected: tuple[type[BaseException], ...] = (),
+    on_interrupt: str = "interrupted (SIGINT); nothing was kept",
+) -> Iterator[None]:
+    """What a command's user sees when it fails: one line, or a traceback for a bug.
+
+    - `USER_ERRORS` and `expected` (a command's own expected failures): `error: <message>`, exit code 2;
+    - an `OSError` of a write the user can fix (`WRITE_ERRNOS`): `error: cannot write <file> (<reason>)`, exit code 2;
+    - Ctrl-C, at any moment (an import, loading a model) and whatever a library made of it (`interrupted`): one
+      line, `error: <on_interrupt>`, exit code 130;
+    - `SystemExit` passes (a command that already reported its failure), and any other exception keeps its
+      traceback: a bug stays visible.
+    """
+    try:
+        yield
+    except (SystemExit, GeneratorExit):
+        raise
+    except BaseException as err:
+        if interrupted(err):
+            fail(on_interrupt, INTERRUPTED)
+        if isinstance(err, USER_ERRORS + expected):
+            fail(one_line(err))
+        if isinstance(err, OSError) and err.errno in WRITE_ERRNOS:
+            where = f" {err.filename}" if err.filename else ""
+            fail(f"cannot write{where} ({err.strerror or type(err).__name__}); free space or fix permissions")
+        raise
+
+
+def entry_point(
+    expected: tuple[type[BaseException], ...] = (),
+    on_interrupt: str = "interrupted (SIGINT); nothing was kept",
+) -> Callable[[_Main], _Main]:
+    """`error_boundary` around a command's `main`:
+
+        @entry_point()
+        def main(argv: list[str] | None = None) -> None: ...
+
+    Import what is slow (torch, transformers) inside `main`, not at the top of its module: an interrupt during an
+    import then lands inside the boundary too, and `--help` stays fast.
+    """
+
+    def decorate(main: _Main) -> _Main:
+        @functools.wraps(main)
+        def run(*args, **kwargs):
+            with error_boundary(expected, on_interrupt):
+                return main(*args, **kwargs)
+
+        return run  # type: ignore[return-value]
+
+    return decorate
 
 
 # ---------------------------------------------------------------------------------------------------- failed writes

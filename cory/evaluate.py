@@ -39,7 +39,7 @@ from omegaconf.errors import OmegaConfBaseException
 from cory import figures, runtime
 from cory.checkpoints import ALGORITHM_DIR
 from cory.config import validate
-from cory.errors import ConfigError, writing
+from cory.errors import ConfigError, entry_point, writing
 from cory.tasks.answers import extract_answer, pass_at_k
 
 RESULTS, SUMMARY, PLOT, SETTINGS = "results.jsonl", "passk.json", "passk.png", "settings.json"
@@ -70,7 +70,9 @@ def load_config(run_dir: Path | None, overrides: list[str]) -> DictConfig:
             with initialize_config_dir(version_base="1.3", config_dir=conf):
                 return compose("train", overrides=overrides)
         except (HydraException, OmegaConfBaseException) as err:
-            raise ConfigError(" ".join(str(err).split()).split(" Config search path:")[0]) from None
+            from cory.cli import explain  # one line with the hint `cory-train` gives ("did you mean ...?")
+
+            raise ConfigError(explain(err, overrides)) from None
     from cory.runs import load_run_config, targets_in
 
     cfg = load_run_config(run_dir, targets_in(overrides))  # a run folder never names code to run
@@ -341,10 +343,13 @@ def _log_to_wandb(
     logger.close()
 
 
+@entry_point()  # Ctrl-C at any moment: one line, exit code 130 (cory/errors.py)
 def main(argv: list[str] | None = None) -> None:
+    from cory.cli import prog_name
     from cory.errors import USER_ERRORS
 
-    parser = argparse.ArgumentParser(prog="python -m cory.evaluate", description=__doc__.split("\n\n")[0])
+    prog = prog_name("cory-evaluate", "python -m cory.evaluate")
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("target", help="a run folder (its latest checkpoint), a checkpoint folder, or an override")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the run's resolved config")
     parser.add_argument("--n", type=int, default=16, help="samples per problem (default 16)")

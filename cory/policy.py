@@ -56,6 +56,13 @@ class LoraSettings:
             each agent its own copy of the base (same numbers, more memory; not possible with 4-bit).
     """
 
+    # value ranges, checked before any model loads (cory/config.py `check_ranges`)
+    RANGES = {
+        "r": "[1, inf)",
+        "alpha": "(0, inf)",
+        "dropout": "[0, 1)",
+    }
+
     enabled: bool
     r: int
     alpha: int

@@ -19,6 +19,20 @@ from cory.errors import ConfigError
 class RunSettings:
     """Run-level knobs from `cory/conf/train.yaml` (not learner hyperparameters)."""
 
+    # value ranges, checked before any model loads (cory/config.py `check_ranges`)
+    RANGES = {
+        "seed": "[0, 2^32); numpy's seed range",
+        "iterations": "[1, inf)",
+        "batch_size": "[2, inf); advantages are whitened",
+        "eval_every": "[0, inf); 0: only before training and at the end",
+        "num_eval": "[1, inf)",
+        "num_eval_final": "[1, inf)",
+        "eval_batch_size": "[1, inf)",
+        "save_every": "[0, inf); 0: none, unless save_final",
+        "keep_checkpoints": "[1, inf)",
+        "max_bad_iterations": "[1, inf)",
+    }
+
     iterations: int  # PPO/CORY iterations; MAFT fine-tuning rounds
     batch_size: int
     seed: int
@@ -82,6 +96,12 @@ class RolloutSettings:
 @dataclass(frozen=True)
 class HardwareSettings:
     """The `hardware` group: how the work fits the machine, never the learning result."""
+
+    # value ranges, checked before any model loads (cory/config.py `check_ranges`)
+    RANGES = {
+        "forward_batch_size": "[1, inf)",
+        "generation_batch_size": "[1, inf)",
+    }
 
     device: str  # cpu | cuda | cuda:<n> | auto
     precision: str  # fp32 | bf16 | fp16 (autocast; weights and optimiser state stay fp32)

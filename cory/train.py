@@ -15,20 +15,16 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from hydra.errors import HydraException
-from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf, read_write
-from omegaconf.errors import OmegaConfBaseException
+from cory import cli
+from cory.errors import USER_ERRORS, ConfigError, entry_point, one_line
 
-from cory import build, callbacks, cli, distributed, runs, runtime
-from cory.checkpoints import latest_checkpoint, read_state, truncate_lines
-from cory.config import validate
-from cory.errors import USER_ERRORS, ConfigError, one_line
-from cory.settings import RunSettings
-from cory.trainer import Trainer
+# Only what `--help` and tab completion need is imported at the top: torch, transformers, peft, Hydra and the run
+# layer load inside the functions that use them, so those answer at once and a Ctrl-C during the imports lands
+# inside `main`'s error boundary (`scripts/cli_latency.py` measures it; tests/test_console.py checks no torch).
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 TRAIN_LOG = "train.log"  # Hydra's job log of `cory.train`, in the run folder: what the run said, timestamped
 
@@ -42,6 +38,11 @@ def train(cfg: DictConfig, run_dir: Path, overrides: Sequence[str] = ()) -> dict
         overrides: the command-line overrides this config was composed from, recorded in `starts.jsonl`; on
             resume they are compared with the run's config key by key.
     """
+    from omegaconf import OmegaConf, read_write
+
+    from cory import runs, runtime
+    from cory.config import validate
+
     run_dir = Path(run_dir)
     primary = int(os.environ.get("RANK", "0")) == 0  # data-parallel: rank 0 owns the folder
     resuming = bool(cfg.get("resume"))
@@ -72,6 +73,11 @@ def train(cfg: DictConfig, run_dir: Path, overrides: Sequence[str] = ()) -> dict
 def _train(cfg: DictConfig, run_dir: Path, resuming: bool, record_start: Callable[[int], None]) -> dict:
     """Build the run, restore the checkpoint when resuming, record the start (`record_start(iteration)`), train
     and print the summary."""
+    from cory import build, distributed, runtime
+    from cory.checkpoints import latest_checkpoint, truncate_lines
+    from cory.settings import RunSettings
+    from cory.trainer import Trainer
+
     context = build.build_context(cfg, run_dir)
     algorithm = build.build_algorithm(cfg, context)  # checks its own settings, then loads the model it needs
     info = build.run_info(cfg, algorithm, context, _choice("model"))
@@ -118,6 +124,12 @@ def _resume_config(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> 
     `overrides` are the run's original ones followed by the resume command's (`cli.resume_overrides`); the
     latter are the new ones, returned with the changes they make.
     """
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from cory import runs
+
     folder = Path(cfg.resume)
     if folder.resolve() != run_dir.resolve():
         raise ConfigError(f"resume={folder} continues the run in its own folder, not in {run_dir}")
@@ -146,6 +158,9 @@ def _resume_config(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> 
 
 def _resume_point(cfg: DictConfig, run_dir: Path) -> str:
     """Whether the resumed run has work left: "continue", or "finished" (said, and nothing is touched)."""
+    from cory import runs
+    from cory.checkpoints import latest_checkpoint, read_state
+
     checkpoint = latest_checkpoint(run_dir)
     state = read_state(checkpoint) if checkpoint is not None else None
     summary = run_dir / "summary.json"
@@ -162,6 +177,8 @@ def _resume_point(cfg: DictConfig, run_dir: Path) -> str:
 
 
 def _choice(group: str) -> str | None:
+    from hydra.core.hydra_config import HydraConfig
+
     try:
         return HydraConfig.get().runtime.choices.get(group)
     except ValueError:  # called outside Hydra (tests use the compose API)
@@ -176,6 +193,8 @@ def run_reporting_errors(cfg: DictConfig, run_dir: Path, overrides: Sequence[str
     trainer's own handler is set (loading the model, reading the data) is one line and exit code 130, and a new
     run stopped there leaves no folder either.
     """
+    from cory import runs
+
     try:
         return train(cfg, run_dir, overrides)
     except USER_ERRORS as err:
@@ -199,8 +218,14 @@ def run_reporting_errors(cfg: DictConfig, run_dir: Path, overrides: Sequence[str
     return message
 
 
-@hydra.main(version_base="1.3", config_path=str(cli.CONF_DIR), config_name="train")  # absolute: works in-process
 def _hydra_main(cfg: DictConfig) -> None:
+    """The Hydra app (`main` wraps it in `hydra.main`): one run, or one job of a sweep."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import read_write
+
+    from cory import callbacks, runs
+
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     overrides = list(hc.overrides.task)
@@ -223,14 +248,21 @@ def _hydra_main(cfg: DictConfig) -> None:
         sys.exit(0)
 
 
+# Ctrl-C while the command line is prepared or Hydra composes the config, before any run folder is used; later the
+# run's own handlers answer it (`run_reporting_errors`, the trainer's signal handler)
+@entry_point(on_interrupt="interrupted (SIGINT) before the run began; nothing was kept")
 def main() -> None:
-    """Prepare the command line (resume, run-folder checks, sweep folder names), then run Hydra."""
+    """Prepare the command line (resume, run-folder checks, sweep folder names), then run Hydra; `--help` is ours."""
+    if cli.wants_help(sys.argv[1:]):
+        print(cli.help_text(cli.prog_name("cory-train", "python -m cory.train")))
+        return
     sys.argv = [sys.argv[0], *cli.prepare(sys.argv[1:])]
     try:
-        cli.run_hydra(_hydra_main)
-    except KeyboardInterrupt:  # Ctrl-C while Hydra composes the config, before any run folder is used
-        print("error: interrupted (SIGINT) before the run began; nothing was kept", file=sys.stderr, flush=True)
-        sys.exit(130)
+        import hydra
+
+        # the absolute config path works in-process; the job is named after this module (`train`: its log train.log)
+        app = hydra.main(version_base="1.3", config_path=str(cli.CONF_DIR), config_name="train")(_hydra_main)
+        cli.run_hydra(app)
     finally:
         cli.forget_typed_overrides()  # a later in-process `train` call was not typed on this command line
 

@@ -5,15 +5,26 @@ each agent) and one per evaluation as they happen, then the summary; `train.log`
 timestamps. With the progress bar on, the per-iteration lines go to `train.log` only (the bar shows them).
 Model loads print one line of ours, not transformers' per-file progress bars.
 
-Run: `pytest tests/test_console.py` (about 20 seconds).
+The command line answers at once: `--help` (our own text: experiments, algorithms, the README's ten overrides, the
+docs) and Hydra's tab completion import neither torch nor transformers (their speed is measured by
+`scripts/cli_latency.py`, not here), and `cory-evaluate --help` names itself.
+
+Run: `pytest tests/test_console.py` (about 30 seconds).
 """
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
-from helpers.runners import run_cli
+from helpers.runners import REPO, env, run_cli, run_main_output
+
+import cory.evaluate
+import cory.train
+from cory import cli
 
 
 def _run(tmp_path, *args: str) -> tuple[str, str]:
@@ -44,3 +55,70 @@ def test_with_a_progress_bar_iteration_lines_go_to_the_log_only(tmp_path):
     stdout, log = _run(tmp_path, "progress=true")
     assert not re.search(r"\[cory\] iteration \d/4", stdout)
     assert len(re.findall(r"\[cory\] iteration \d/4", log)) == 4
+
+
+# ------------------------------------------------------------------------------------------- the command line
+def _imported(args: list[str], extra_env: dict[str, str] | None = None) -> tuple[set[str], str]:
+    """The modules `python -m cory.train <args>` imports (read from `-X importtime`), and its stdout."""
+    cmd = [sys.executable, "-X", "importtime", "-m", "cory.train", *args]
+    out = subprocess.run(cmd, cwd=REPO, env=env(**(extra_env or {})), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [line for line in out.stderr.splitlines() if line.startswith("import time:")]
+    return {line.rsplit("|", 1)[-1].strip() for line in lines}, out.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [(["--help"], None), (["-sc", "query=bash"], "cory-train algorithm="), (["-sc", "query=bash"], "cory-train seed")],
+    ids=["help", "complete-group", "complete-key"],
+)
+def test_help_and_tab_completion_import_no_torch(args, line):
+    """What makes `--help` and a TAB cost 11-14 s is importing torch, transformers and peft: neither may."""
+    extra = {"COMP_LINE": line, "COMP_POINT": str(len(line))} if line else {}
+    modules, stdout = _imported(args, extra)
+    assert modules and not modules & {"torch", "transformers", "peft"}, sorted(modules & {"torch", "transformers"})
+    if line == "cory-train algorithm=":
+        assert "algorithm=cory" in stdout.split() and "algorithm=ppo" in stdout.split()
+    elif line:
+        assert stdout.split() == ["seed="]
+
+
+def _readme_overrides() -> list[list[str]]:
+    """The README table "The ten most used overrides": each row's first cell, its `code` spans."""
+    text = (REPO / "README.md").read_text().split("## The ten most used overrides", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in text.splitlines() if line.startswith("| `")]
+    return [re.findall(r"`([^`]+)`", row.split("|")[1]) for row in rows]
+
+
+def test_help_lists_the_experiments_algorithms_ten_overrides_and_docs(monkeypatch, capsys):
+    code, stdout, stderr = run_main_output(monkeypatch, capsys, "--help")
+    assert code == 0 and stderr == ""
+    assert stdout.startswith("python -m cory.train: ")
+    listed = {line.split()[0] for line in stdout.splitlines() if line.startswith("  ") and line.split()}
+    conf = REPO / "cory" / "conf"
+    for group in ("experiment", "algorithm"):
+        assert {p.stem for p in (conf / group).glob("*.yaml")} <= listed, group
+    assert "quickstart (default)" in stdout and "Hydra" in stdout  # the default, and where Hydra's own help is
+    rows = _readme_overrides()
+    assert len(rows) == len(cli.TEN_OVERRIDES) == 10
+    for spans, (override, _) in zip(rows, cli.TEN_OVERRIDES, strict=True):
+        assert all(span in override for span in spans), (spans, override)  # the README's row, in the same order
+        assert override in stdout
+    for page, _ in cli.DOC_PAGES:
+        assert (REPO / page).is_file() and page in stdout
+
+
+def test_help_names_the_command_as_it_was_typed(monkeypatch, capsys):
+    """`cory-train --help` and `cory-evaluate --help` say their own names; `python -m` gives the module's."""
+    bin_dir = Path(sys.executable).parent
+    monkeypatch.setattr(sys, "argv", [str(bin_dir / "cory-train"), "--help"])
+    cory.train.main()
+    assert capsys.readouterr().out.startswith("cory-train: ")
+    for argv0, name in (
+        (bin_dir / "cory-evaluate", "cory-evaluate"),
+        (REPO / "cory" / "evaluate.py", "python -m cory.evaluate"),
+    ):
+        monkeypatch.setattr(sys, "argv", [str(argv0), "--help"])
+        with pytest.raises(SystemExit) as exit_:
+            cory.evaluate.main(["--help"])
+        assert exit_.value.code == 0 and capsys.readouterr().out.startswith(f"usage: {name} ")

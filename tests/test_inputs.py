@@ -13,21 +13,35 @@ Run: `pytest tests/test_inputs.py` (about a minute on 2 CPUs).
 
 from __future__ import annotations
 
+import dataclasses
+import errno
 import json
+import signal
 import subprocess
 import sys
 import time
+import typing
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
+from helpers.compose import compose_cfg
 from helpers.fakes import write_reviews_csv
 from helpers.runners import REPO, cli, env, finished_run, one_error_line, run_main, smoke, start_run
 
 import cory.models
 from cory.checkpoints import latest_checkpoint
-from cory.errors import AssetUnavailableError, ConfigError
+from cory.config import SAMPLING, declared_ranges, type_problem
+from cory.errors import AssetUnavailableError, ConfigError, entry_point
+from cory.maft.agents import GenerationSettings as Generation
+from cory.maft.sft import SFTSettings
+from cory.algorithms.schedules import Interleaved, RoleSwap, Sequential
+from cory.ppo.critics import CentralizedCritic
+from cory.ppo.estimators import GAE, GRPO, RLOO
+from cory.ppo.losses import ClippedPPO, ClippedPPOKLInLoss
+from cory.ppo.learner import PPOConfig
+from cory.settings import HardwareSettings, RunSettings
 from cory.tasks.rewards import TfidfSentimentReward
 from cory.train import train
 
@@ -107,8 +121,9 @@ def _outputs(tmp_path: Path) -> list[Path]:
         (["task=imdb", "task.data_files={tmp}/header.csv"], "task.data_files={tmp}/header.csv: a header but no rows"),
         (["hydra.run.dir={tmp}/afile/run"], "hydra.run.dir={tmp}/afile/run: cannot create the run folder"),
         (["resume={tmp}/broken"], "resume={tmp}/broken: {tmp}/broken/run_config.yaml is unreadable"),
-        (["task.num_eval=0"], "task: no held-out queries to evaluate on"),
+        (["task.num_eval=0"], "task.num_eval=0: must be >= 1"),
         (["num_eval=0"], "num_eval=0: must be >= 1 or null"),
+        (["task=imdb", "task.reward._target_=builtins.int"], "task.reward._target_=builtins.int: a Python builtin"),
     ],
     ids=[
         "type",
@@ -119,6 +134,7 @@ def _outputs(tmp_path: Path) -> list[Path]:
         "corrupt-run-config",
         "no-task-eval",
         "no-eval",
+        "builtin-target",
     ],
 )
 def test_through_the_command_line_a_refused_run_is_one_line_and_leaves_no_folder(
@@ -205,8 +221,8 @@ def test_a_batch_larger_than_the_training_set_is_one_line(tmp_path):
 @pytest.mark.parametrize(
     ("override", "named"),
     [
-        ("task/reward=nope", "Available options in 'task/reward': distilbert_imdb tfidf"),
-        ("model=nope", "Could not find 'model/nope'"),
+        ("task/reward=nope", "task/reward=nope: no such option (available: distilbert_imdb, tfidf)"),
+        ("model=nope", "model=nope: no such option (available: gpt2,"),
         ("algorithm.agent.lr=1", "algorithm.agent.lr"),
     ],
 )
@@ -247,8 +263,13 @@ def entrypoint(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess,
     }
     jobs["gpt2"] = (cli("experiment=smoke", "model=gpt2", f"hydra.run.dir={tmp / 'gpt2'}"), env(HF_HUB_OFFLINE="1"))
     jobs["corrupt"] = (cli(f"resume={corrupt}", "iterations=3"), env())
-    for k in ("startup_first", "startup_last"):  # first and last in the pool: the start-up cost around the checks
-        jobs[k] = (cli("experiment=smoke", "--cfg", "job"), env())
+    # first and last in the pool: the start-up cost around the checks. `--cfg job` alone no longer imports torch and
+    # transformers (`cory.train` imports them lazily), which a run's validation does: they are imported first
+    startup = (
+        "import sys, cory.build, cory.config, cory.trainer, cory.train; sys.argv[0] = 'cory.train'; cory.train.main()"
+    )
+    for k in ("startup_first", "startup_last"):
+        jobs[k] = ([sys.executable, "-c", startup, "experiment=smoke", "--cfg", "job"], env())
     jobs = {"startup_first": jobs.pop("startup_first"), **jobs}
     jobs["wandb"] = (
         cli("experiment=smoke", "progress=false", "logger=wandb", "iterations=2", f"hydra.run.dir={tmp / 'wandb'}"),
@@ -306,3 +327,251 @@ def test_resume_of_a_missing_folder_is_one_error_line(tmp_path, monkeypatch, cap
     assert exit_.value.code == 2
     assert capsys.readouterr().err.strip() == f"error: resume={tmp_path / 'nope'}: no such run folder"
     assert not (tmp_path / "nope").exists()
+
+
+# ------------------------------------------------------------------------------------------ Hydra-level mistakes
+HYDRA_MISTAKES = {  # id → (command line after `experiment=smoke`, the one line starts with)
+    "key-typo": (["algoritm=ppo"], "algoritm=ppo: no key algoritm in the config; did you mean algorithm=ppo?"),
+    "nested-key-typo": (
+        ["algorithm.agent.lerning_rate=1e-5"],
+        "algorithm.agent.lerning_rate=1e-5: no key algorithm.agent.lerning_rate in the config; did you mean "
+        "algorithm.agent.learning_rate=1e-5?",
+    ),
+    "key-elsewhere": (["learning_rate=1e-5"], "learning_rate=1e-5: no key learning_rate in the config; did you mean"),
+    "group-typo": (["task=imdb", "task/rewrd=tfidf"], "task/rewrd=tfidf: no key task/rewrd in the config; did you"),
+    "option-typo": (["algorithm=ppoo"], "algorithm=ppoo: no such option; did you mean algorithm=ppo? (available: "),
+    "added-key-typo": (["+algoritm=ppo"], "algoritm: not a key of the config, nothing would read it; did you mean"),
+    "sweep-option-typo": (["-m", "algorithm=ppo,coryy"], "algorithm=coryy: no such option; did you mean algorithm="),
+    "sweep-key-typo": (["-m", "iteratons=1,2"], "iteratons=1: no key iteratons in the config; did you mean"),
+    "multirun-with-cfg": (["-m", "--cfg", "job", "seed=0,1"], "-m and --cfg cannot go together: --cfg prints"),
+    "comma-list-without-m": (["seed=0,1"], "seed=0,1: a comma list is a sweep; add -m to run one job per value"),
+    "unclosed-quote": (
+        ["task.observer_template='{query}"],
+        "task.observer_template='{query}: Hydra cannot read this override (an unclosed quote); quote the value for "
+        "Hydra and the whole override for the shell: \"task.observer_template='{query}'\"",
+    ),
+    "split-by-the-shell": (
+        ["task.observer_template={query}", "{response}|{query}"],
+        "task.observer_template={query} {response}|{query}: Hydra cannot read this override (the shell split its "
+        "value at a space); quote the value for Hydra and the whole override for the shell: "
+        "\"task.observer_template='{query} {response}|{query}'\"",
+    ),
+    "bad-flag-value": (["--cfg", "jobs"], "argument --cfg/-c: invalid choice: 'jobs'"),
+    "not-an-override": (["seed"], "seed: not an override; write key=value"),
+}
+
+
+@pytest.mark.parametrize("mistake", list(HYDRA_MISTAKES))
+def test_a_hydra_level_mistake_is_one_line_with_the_right_hint(tmp_path, monkeypatch, capsys, mistake):
+    """A key or option that does not exist, a flag that does not fit, a value Hydra's grammar cannot read: one line,
+    exit code 2, nothing written, and the hint points the right way: the key a typo meant, never Hydra's
+    "To append to your config use +key=" (which adds the typo as a new key), and how to quote a value."""
+    monkeypatch.chdir(tmp_path)
+    args, line = HYDRA_MISTAKES[mistake]
+    folders = [f"hydra.sweep.dir={tmp_path / 'sweep'}"] if "-m" in args else []
+    code, err = run_main(monkeypatch, capsys, "experiment=smoke", "progress=false", *folders, *args)
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"error: {line}"), err
+    assert "To append" not in err and "+algoritm" not in err and "+iteratons" not in err
+    assert _outputs(tmp_path) == [] and not (tmp_path / "sweep").exists()
+
+
+# ------------------------------------------------------------------------------ degenerate learner and sampling
+A, G, L = "algorithm.agent", "task.generation_kwargs", "algorithm.loss"
+DEGENERATE = {  # overrides → the one-line message starts with
+    f"{L}.cliprange=5": f"{L}.cliprange=5: must be in (0, 1] (the ratio is clipped to [1 - cliprange, 1 + cliprange])",
+    f"{L}.cliprange=0": f"{L}.cliprange=0: must be in (0, 1]",
+    f"{L}.cliprange_value=0": f"{L}.cliprange_value=0: must be > 0",
+    f"{L}.vf_coef=-1": f"{L}.vf_coef=-1: must be >= 0",
+    f"{A}.ratio_threshold=0.5": f"{A}.ratio_threshold=0.5: must be > 1",
+    f"{A}.score_clip=-1": f"{A}.score_clip=-1: must be > 0 or null",
+    f"{A}.max_grad_norm=0": f"{A}.max_grad_norm=0: must be > 0 or null",
+    f"{A}.target_kl=-1": f"{A}.target_kl=-1: must be > 0",
+    f"{A}.kl_horizon=0": f"{A}.kl_horizon=0: must be > 0",
+    f"{A}.ppo_epochs=0": f"{A}.ppo_epochs=0: must be >= 1",
+    f"{A}.gradient_accumulation_steps=0": f"{A}.gradient_accumulation_steps=0: must be >= 1",
+    "algorithm=grpo algorithm.advantage.group_size=1": "algorithm.advantage.group_size=1: must be >= 2 (a group baseline)",
+    "algorithm.advantage.gamma=1.5": "algorithm.advantage.gamma=1.5: must be in [0, 1]",
+    "algorithm=cory algorithm.schedule.period=0": "algorithm.schedule.period=0: must be >= 1",
+    "algorithm=cory_interleaved algorithm.schedule.period=0": "algorithm.schedule.period=0: must be >= 1",
+    "algorithm=cory_teamtr algorithm.schedule.kl_budget=0": "algorithm.schedule.kl_budget=0: must be > 0 or null",
+    "algorithm=cory_cc algorithm.critic.cliprange_value=0": "algorithm.critic.cliprange_value=0: must be > 0",
+    f"{G}.temperature=0": f"{G}.temperature=0: must be > 0",
+    f"{G}.temperature=-1": f"{G}.temperature=-1: must be > 0",
+    f"{G}.top_k=-1": f"{G}.top_k=-1: must be >= 0 (0: no top-k filter)",
+    f"{G}.top_k=2.5": f"{G}.top_k=2.5: expected an integer or null",
+    f"{G}.top_p=0": f"{G}.top_p=0: must be in (0, 1]",
+    f"{G}.top_p=1.5": f"{G}.top_p=1.5: must be in (0, 1]",
+    f"+{G}.repetition_penalty=0": f"{G}.repetition_penalty=0: must be > 0",
+    f"+{G}.min_p=2": f"{G}.min_p=2: must be in [0, 1]",
+    f"+{G}.num_beams=0": f"{G}.num_beams=0: must be >= 1",
+    f"+{G}.max_new_tokens=0": f"{G}.max_new_tokens: set by the run, not by a task",
+    f"+{G}.num_return_sequences=2": f"{G}.num_return_sequences: set by the run, not by a task",
+    f"+{G}.top_kk=2": f"{G}.top_kk: not a setting of Hugging Face generate; did you mean {G}.top_k?",
+    "task.query_chars=[0,0]": "task.query_chars=[0, 0]: each value must be >= 1",
+    "task.eval_kl_coef=-1": "task.eval_kl_coef=-1: must be >= 0",
+    "eval_batch_size=0": "eval_batch_size=0: must be >= 1",
+    "hardware.forward_batch_size=0": "hardware.forward_batch_size=0: must be >= 1",
+    "hardware.generation_batch_size=-1": "hardware.generation_batch_size=-1: must be >= 1",
+    "experiment=maft_smoke algorithm.generation.temperature=0": "algorithm.generation.temperature=0: must be > 0",
+    "experiment=maft_smoke algorithm.sft.warmup=1": "algorithm.sft.warmup=1: must be in [0, 1)",
+}
+
+
+@pytest.mark.parametrize("overrides", list(DEGENERATE))
+def test_a_degenerate_learner_or_sampling_value_is_one_line_before_any_model_loads(tmp_path, monkeypatch, overrides):
+    """Values whose type is right but which `generate` or the learner cannot use (a zero temperature, a negative
+    top_k, a clip range outside (0, 1], ...) are refused from the ranges declared beside their parameters, naming
+    the key, before any model is built."""
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was built for an invalid configuration")
+
+    for builder in ("build_tiny_gpt2", "build_tiny_llama", "load_pretrained"):
+        monkeypatch.setattr(cory.models, builder, no_model)
+    experiment = [] if "experiment=" in overrides else ["experiment=smoke"]
+    args = [*experiment, "progress=false", f"cache_dir={tmp_path / 'cache'}", *overrides.split()]
+    with pytest.raises(ConfigError) as err:
+        train(compose_cfg(args), tmp_path / "run")
+    assert str(err.value).startswith(DEGENERATE[overrides]) and "\n" not in str(err.value)
+    assert not (tmp_path / "run").exists()
+
+
+LEARNER_PARTS = [PPOConfig, GAE, GRPO, RLOO, ClippedPPO, ClippedPPOKLInLoss, CentralizedCritic, RoleSwap, Interleaved]
+
+
+@pytest.mark.parametrize("cls", [RunSettings, HardwareSettings, *LEARNER_PARTS, Sequential, SFTSettings, Generation])
+def test_every_number_of_the_run_and_the_learners_has_a_declared_range(cls):
+    """A new numeric setting cannot slip past the range check: each int or float field declares its range."""
+    hints = typing.get_type_hints(cls)
+
+    def number(hint) -> bool:  # takes an integer, but not any value (a class annotation takes anything)
+        return type_problem(1, hint) is None and type_problem("a", hint) is not None
+
+    numbers = [f.name for f in dataclasses.fields(cls) if number(hints[f.name])]
+    assert numbers and set(numbers) <= set(declared_ranges(cls)), sorted(set(numbers) - set(declared_ranges(cls)))
+    assert {"temperature", "top_k", "top_p", "repetition_penalty"} <= set(SAMPLING)  # the Task protocol's keys
+
+
+# ------------------------------------------------------------------------------------------- builtin targets
+BUILTIN_TARGETS = {  # overrides → the one-line message starts with
+    "task._target_=builtins.dict": "task._target_=builtins.dict: a Python builtin",
+    "task=imdb task.reward._target_=builtins.int": "task.reward._target_=builtins.int: a Python builtin",
+    "model._target_=builtins.dict": "model._target_=builtins.dict: a Python builtin",
+    "logger._target_=builtins.dict": "logger._target_=builtins.dict: a Python builtin",
+    f"{A}._target_=builtins.float": f"{A}._target_=builtins.float: a Python builtin",
+    "task._target_=cory.tasks.rewards.TfidfSentimentReward": "task._target_=cory.tasks.rewards.TfidfSentimentReward: "
+    "not a task; it lacks train_queries, eval_queries, pioneer_prompt, observer_prompt, score (the Task protocol",
+    "task=imdb task.reward._target_=cory.tasks.toy.ToyTask": "task.reward._target_=cory.tasks.toy.ToyTask: its "
+    "instances cannot be called, and task.reward must be callable",
+}
+
+
+@pytest.mark.parametrize("overrides", list(BUILTIN_TARGETS))
+def test_a_target_that_does_not_fit_its_place_is_one_line(tmp_path, monkeypatch, overrides):
+    """A builtin type where a task, reward, model, logger or learner belongs (its keys cannot be checked against a
+    signature it does not have), a class that is not a task, a reward whose instances cannot score: one line."""
+    monkeypatch.setattr(cory.models, "build_tiny_gpt2", lambda *a, **k: pytest.fail("a model was built"))
+    with pytest.raises(ConfigError) as err:
+        train(smoke(tmp_path, *overrides.split()), tmp_path / "run")
+    assert str(err.value).startswith(BUILTIN_TARGETS[overrides]) and "\n" not in str(err.value)
+
+
+# ------------------------------------------------------------------------------------------- the error boundary
+def _interrupted_import():
+    """What a library may make of Ctrl-C: the KeyboardInterrupt as the cause of another exception."""
+    try:
+        raise KeyboardInterrupt
+    except KeyboardInterrupt as err:
+        raise ImportError("initialization of _C failed") from err
+
+
+@pytest.mark.parametrize(
+    ("raised", "code", "line"),
+    [
+        (ConfigError("seed=-1: must be in [0, 2^32)"), 2, "error: seed=-1: must be in [0, 2^32)"),
+        (AssetUnavailableError("no model 'gpt2'\n offline"), 2, "error: no model 'gpt2' offline"),
+        (
+            OSError(errno.ENOSPC, "No space left on device", "/data/out/passk.json"),
+            2,
+            "error: cannot write /data/out/passk.json (No space left on device); free space or fix permissions",
+        ),
+        (KeyboardInterrupt(), 130, "error: interrupted (SIGINT); nothing was kept"),
+        (_interrupted_import, 130, "error: interrupted (SIGINT); nothing was kept"),
+    ],
+    ids=["config", "asset", "disk-full", "ctrl-c", "ctrl-c-inside-a-library"],
+)
+def test_the_error_boundary_makes_expected_failures_one_line(capsys, raised, code, line):
+    @entry_point()
+    def main() -> None:
+        if isinstance(raised, BaseException):
+            raise raised
+        raised()
+
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    assert exit_.value.code == code and capsys.readouterr().err == line + "\n"
+
+
+def test_the_error_boundary_keeps_the_traceback_of_a_bug():
+    @entry_point()
+    def main() -> None:
+        raise ZeroDivisionError("a bug")
+
+    with pytest.raises(ZeroDivisionError):
+        main()
+
+
+# Ctrl-C at a moment of start-up: the script says which one in a marker file, then waits there for the signal.
+_STARTING = """
+import runpy, signal, sys, time
+from pathlib import Path
+# Ctrl-C as in a terminal (a process started in the background of a non-interactive shell inherits SIGINT ignored)
+signal.signal(signal.SIGINT, signal.default_int_handler)
+marker, moment = Path(sys.argv.pop(1)), sys.argv.pop(1)
+def wait(*args, **kwargs):
+    marker.write_text(moment)
+    while True:
+        time.sleep(0.05)
+if moment == "importing torch":
+    class Importing:
+        def find_spec(self, name, path=None, target=None):
+            if name == "torch":
+                wait()
+    sys.meta_path.insert(0, Importing())
+else:  # composing the config, as the command line is checked
+    import cory.cli
+    cory.cli.compose = wait
+runpy.run_module("cory.train", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize("moment", ["importing torch", "composing the config"])
+def test_ctrl_c_at_any_moment_of_start_up_is_one_line_and_exit_code_130(tmp_path, moment):
+    """`python -m cory.train`: Ctrl-C while torch is being imported (the first seconds) or while the command line is
+    checked: one line, exit code 130, no traceback, no folder (Ctrl-C while the model loads: test_robustness.py)."""
+    run_dir, marker = tmp_path / "run", tmp_path / "moment"
+    args = ["experiment=smoke", "progress=false", f"hydra.run.dir={run_dir}", f"cache_dir={tmp_path / 'cache'}"]
+    cmd = [sys.executable, "-c", _STARTING, str(marker), moment, *args]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in err, err[-3000:]
+    assert err.strip().splitlines() == ["error: interrupted (SIGINT) before the run began; nothing was kept"]
+    assert not run_dir.exists()
+
+
+def test_the_command_of_extending_md_answers_in_one_line(capsys):
+    """docs/extending.md's "A command" example, run as printed: its own expected failure is one line, code 2."""
+    page = (REPO / "docs" / "extending.md").read_text().split("## A command", 1)[1]
+    code = page.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict = {}
+    exec(compile(code, "docs/extending.md", "exec"), namespace)
+    with pytest.raises(SystemExit) as exit_:
+        namespace["main"](["outputs/runs/one"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == "error: 1 run folder given: a comparison needs two or more\n"

@@ -51,6 +51,8 @@ class RoleSwap:
     (T_REx, Eq. 5: the weights stay, the roles move). `faithful_official_swap` adds the released code's disk-swap
     side effects at each rotation: fresh optimisers, KL controllers and score moments, every RNG reseeded."""
 
+    RANGES: ClassVar[dict[str, str]] = {"period": "[1, inf)"}  # checked before any model loads (cory/config.py)
+
     period: int
     faithful_official_swap: bool
 
@@ -104,6 +106,8 @@ class Interleaved:
     reward, but they take no optimiser step and their KL controller, score statistics and RNG do not move (SWIRL's
     staged interleaved updates; ReMA's and MARFT's alternating agent updates)."""
 
+    RANGES: ClassVar[dict[str, str]] = {"period": "[1, inf)"}  # checked before any model loads (cory/config.py)
+
     period: int
 
     name: ClassVar[str] = "interleaved"
@@ -133,6 +137,8 @@ class Sequential:
     sequential trust-region updates). `kl_budget`: each update stops its epochs once ½·mean (Δ log π)² of the
     epoch's last minibatch exceeds it (a per-agent trust region); null: no budget (the learner's own early stopping,
     if on, still applies)."""
+
+    RANGES: ClassVar[dict[str, str]] = {"kl_budget": "(0, inf)"}  # checked before any model loads (cory/config.py)
 
     kl_budget: float | None
 

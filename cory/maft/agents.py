@@ -39,6 +39,15 @@ from cory.maft.sft import SFTSettings, chat_tokens, encode, render, train_sft
 class GenerationSettings:
     """The `algorithm.generation` block: how every agent samples (the agents must sample: they start identical)."""
 
+    # value ranges, checked before any model loads (cory/config.py `check_ranges`)
+    RANGES = {
+        "max_new_tokens": "[1, inf)",
+        "summary_max_new_tokens": "[1, inf)",
+        "temperature": "(0, inf)",
+        "top_p": "(0, 1]",
+        "top_k": "[0, inf); 0: no top-k filter",
+    }
+
     max_new_tokens: int  # an answer
     summary_max_new_tokens: int  # a base-model summary of the other agents' answers
     temperature: float

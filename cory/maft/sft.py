@@ -30,6 +30,17 @@ from cory.maft.debate import Chat
 class SFTSettings:
     """The `algorithm.sft` block. The paper's numbers (2 epochs, lr ≈ 1e-4 for LoRA, max length 2048) live in YAML."""
 
+    # value ranges, checked before any model loads (cory/config.py `check_ranges`)
+    RANGES = {
+        "epochs": "(0, inf)",
+        "learning_rate": "(0, inf)",
+        "max_length": "[1, inf)",
+        "batch_size": "[1, inf)",
+        "gradient_accumulation_steps": "[1, inf)",
+        "warmup": "[0, 1)",
+        "weight_decay": "[0, inf)",
+    }
+
     epochs: float
     learning_rate: float
     max_length: int

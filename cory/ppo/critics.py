@@ -68,6 +68,8 @@ class CentralizedCritic:
     loss at `cliprange_value` on the learning actors' returns. Learning rate, epochs, minibatches and gradient
     clipping are the learner block's (one set of hyperparameters, as PPO's shared policy/value optimiser has)."""
 
+    RANGES: ClassVar[dict[str, str]] = {"cliprange_value": "(0, inf)"}  # checked before any model loads
+
     cliprange_value: float
 
     name: ClassVar[str] = "centralized"

@@ -67,6 +67,9 @@ class GAE:
     """Generalised advantage estimation with V_{T+1} = 0, advantages whitened over the batch's masked tokens, or
     within each role with `per_role` (TRL 0.11.4 `compute_advantages`; docs/method.md §2.5)."""
 
+    # value ranges, checked before any model loads (cory/config.py `check_ranges`)
+    RANGES: ClassVar[dict[str, str]] = {"gamma": "[0, 1]", "lam": "[0, 1]"}
+
     gamma: float
     lam: float
     whiten_rewards: bool
@@ -120,6 +123,8 @@ class GRPO:
     """A_i = (R_i − mean_group R)/(std_group R + ε) over the G samples of one prompt (DeepSeekMath, arXiv
     2402.03300, outcome supervision; docs/method.md §9). No critic: values are ignored."""
 
+    RANGES: ClassVar[dict[str, str]] = {"group_size": "[2, inf); a group baseline"}
+
     group_size: int
     per_role: bool
 
@@ -139,6 +144,8 @@ class GRPO:
 class RLOO:
     """A_i = R_i − mean of the other G − 1 samples' R of its prompt, the leave-one-out baseline (Ahmadian et al.,
     arXiv 2402.14740; docs/method.md §9). No critic: values are ignored."""
+
+    RANGES: ClassVar[dict[str, str]] = {"group_size": "[2, inf); a group baseline"}
 
     group_size: int
     per_role: bool

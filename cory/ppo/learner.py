@@ -103,6 +103,21 @@ class PPOConfig:
     (`algorithm.advantage`, `algorithm.loss`), handed to `build`.
     """
 
+    # value ranges, checked before any model loads (cory/config.py `check_ranges`)
+    RANGES = {
+        "learning_rate": "(0, inf)",
+        "init_kl_coef": "[0, inf)",
+        "kl_target": "(0, inf)",
+        "kl_horizon": "(0, inf)",
+        "ppo_epochs": "[1, inf)",
+        "mini_batch_size": "[1, inf)",
+        "gradient_accumulation_steps": "[1, inf)",
+        "ratio_threshold": "(1, inf); at 1 or below nearly every minibatch is skipped",
+        "score_clip": "(0, inf)",
+        "max_grad_norm": "(0, inf)",
+        "target_kl": "(0, inf)",
+    }
+
     learning_rate: float
     init_kl_coef: float  # β_0 (the paper's η)
     adaptive_kl: bool  # TRL's adaptive controller (docs/method.md §2.8); false keeps β fixed

@@ -59,3 +59,7 @@ def arithmetic_task(
         failure_reward,
         name,
     )
+
+
+# value ranges, checked before any model loads (cory/config.py `check_ranges`)
+arithmetic_task.RANGES = {"num_train": "[1, inf)", "num_eval": "[1, inf)", "terms": "[1, inf)", "digits": "[1, inf)"}

@@ -44,6 +44,11 @@ class ReasoningTask:
         name: task name for logs.
     """
 
+    # value ranges, checked before any model loads (cory/config.py `check_ranges`)
+    RANGES = {
+        "eval_kl_coef": "[0, inf)",
+    }
+
     def __init__(
         self,
         train: list[Problem],
@@ -157,3 +162,5 @@ def gsm8k_task(
 
 
 gsm8k_task.SOURCES = GSM8K_SOURCES  # what `cory.config.validate` checks `task.source` against
+# value ranges, checked before any model loads (cory/config.py `check_ranges`)
+gsm8k_task.RANGES = {"num_train": "[1, inf)", "num_eval": "[1, inf)", "symbolic_sizes": "[1, inf)"}

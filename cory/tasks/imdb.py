@@ -51,6 +51,15 @@ class IMDBTask:
         name: task name for logs.
     """
 
+    # value ranges, checked before any model loads (cory/config.py `check_ranges`)
+    RANGES = {
+        "min_review_chars": "[0, inf)",
+        "query_tokens": "[1, inf)",
+        "num_train": "[1, inf)",
+        "num_eval": "[1, inf)",
+        "eval_kl_coef": "[0, inf)",
+    }
+
     SOURCES = ("packaged", "hub")  # values of `task.source`, checked by `cory.config.validate`
 
     def __init__(

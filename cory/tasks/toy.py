@@ -18,6 +18,14 @@ class ToyTask:
     accepted (Hydra passes the policy tokenizer to every task) and unused: queries are plain characters.
     """
 
+    # value ranges, checked before any model loads (cory/config.py `check_ranges`)
+    RANGES = {
+        "num_train": "[1, inf)",
+        "num_eval": "[1, inf)",
+        "query_chars": "[1, inf)",
+        "eval_kl_coef": "[0, inf)",
+    }
+
     def __init__(
         self,
         tokenizer: PreTrainedTokenizerBase | None,
