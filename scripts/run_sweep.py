@@ -254,6 +254,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, sweeps included")
     args = parser.parse_args(argv)
+    for flag, value in (("--jobs", args.jobs), ("--threads", args.threads)):
+        if value < 1:  # no run could ever start: the driver would wait for a free slot forever
+            print(f"error: {flag} {value}: must be at least 1", file=sys.stderr)
+            return 2
 
     jobs, cfg = expand(args.overrides)
     root = args.dir.resolve()
