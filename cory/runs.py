@@ -532,17 +532,21 @@ def _text(path: Path) -> str:
         return ""
 
 
-def read_summary(folder: Path) -> dict:
-    """The run's `summary.json` ({} when there is none), refused in one line when it is not a JSON object."""
+def read_summary(folder: Path, where: str | None = None) -> dict:
+    """The run's `summary.json` ({} when there is none), refused in one line when it is not a JSON object (or its
+    `completed` not true or false). `where`: how the message names the folder (default: the file's path)."""
     path = Path(folder) / SUMMARY
+    named = f"{where}: {SUMMARY}" if where else str(path)
     if not path.exists():
         return {}
     try:
         summary = json.loads(path.read_bytes().decode("utf-8"))
     except (OSError, ValueError) as err:
-        raise ConfigError(f"{path} is unreadable ({one_line(err)}); {_LEFT_AS_IT_WAS}") from None
+        raise ConfigError(f"{named} is unreadable ({one_line(err)}); {_LEFT_AS_IT_WAS}") from None
     if not isinstance(summary, dict) or not isinstance(summary.get("completed", False), bool):
-        raise ConfigError(f"{path} is not a run summary (a JSON object with completed: true/false); {_LEFT_AS_IT_WAS}")
+        raise ConfigError(
+            f"{named} is not a run summary (a JSON object with completed: true/false); {_LEFT_AS_IT_WAS}"
+        )
     return summary
 
 
@@ -763,7 +767,7 @@ def check_records(folder: Path, where: str) -> None:
     lock = folder / LOCK
     if lock.is_file() and not isinstance(_json_or(lock, {}), dict):
         raise ConfigError(f"{where}: {LOCK} holds neither nothing nor a lock owner (a JSON object); {_LEFT_AS_IT_WAS}")
-    read_summary(folder)
+    read_summary(folder, where)
     try:
         (folder / "metrics.jsonl").read_bytes().decode("utf-8") if (folder / "metrics.jsonl").is_file() else ""
     except UnicodeDecodeError as err:

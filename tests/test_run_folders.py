@@ -95,7 +95,7 @@ def _summary_link(run_dir: Path) -> None:
 def _replace(name: str, by: str):
     def spoil(run_dir: Path) -> None:
         path = run_dir / name
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
+        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
         {"file": lambda: path.write_text("x"), "folder": path.mkdir, "pipe": lambda: os.mkfifo(path)}[by]()
 
     return spoil
