@@ -23,9 +23,15 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers.runners import cli, env, finished_run, one_error_line, run_main, snapshot
+from helpers.runners import cli, copy_of, env, finished_run, one_error_line, run_main, snapshot
 
 from cory.checkpoints import latest_checkpoint
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    """`finished_run`, once for the module: each test spoils a copy."""
+    return finished_run(tmp_path_factory.mktemp("finished"))
 
 
 def _kinds(folder: Path) -> dict[str, object]:
@@ -73,8 +79,8 @@ TYPES = {  # a value of trainer.json → the key the refusal names
 
 
 @pytest.mark.parametrize("case", list(TYPES))
-def test_trainer_json_values_of_the_wrong_type_are_one_line(tmp_path, monkeypatch, capsys, case):
-    run_dir = finished_run(tmp_path)
+def test_trainer_json_values_of_the_wrong_type_are_one_line(finished, tmp_path, monkeypatch, capsys, case):
+    run_dir = copy_of(finished, tmp_path)
     checkpoint = latest_checkpoint(run_dir)
     values, message = TYPES[case]
     _resign(checkpoint / "trainer.json", **values)
@@ -125,8 +131,10 @@ SHAPES = {  # how a folder is spoilt → what the one line says after `resume=<f
 
 @pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("extend", [False, True], ids=["finished", "extended"])
-def test_a_run_folder_of_an_unexpected_shape_is_one_line_naming_it(tmp_path, monkeypatch, capsys, shape, extend):
-    run_dir = finished_run(tmp_path)
+def test_a_run_folder_of_an_unexpected_shape_is_one_line_naming_it(
+    finished, tmp_path, monkeypatch, capsys, shape, extend
+):
+    run_dir = copy_of(finished, tmp_path)
     spoil, message = SHAPES[shape]
     spoil(run_dir)
     err = _refused(monkeypatch, capsys, run_dir, *(["iterations=3"] if extend else []))
@@ -142,7 +150,11 @@ def _chmod_all(folder: Path, change) -> None:
 def _read_only_command(tmp_path: Path, folder: Path, args: list[str]) -> list[str]:
     """`args` run with `folder` read-only: a read-only bind mount in a user namespace (root ignores file modes), else
     the folder's modes cleared (any other user); skipped where neither can be had."""
-    probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True) if shutil.which("unshare") else None
+    probe = (
+        subprocess.run(["unshare", "-rm", "true"], capture_output=True, timeout=30)
+        if shutil.which("unshare")
+        else None
+    )
     if probe is not None and probe.returncode == 0:
         return ["unshare", "-rm", "sh", "-c", 'mount --bind -o ro "$0" "$0" && exec "$@"', str(folder), *args]
     if os.geteuid() != 0:
@@ -152,12 +164,17 @@ def _read_only_command(tmp_path: Path, folder: Path, args: list[str]) -> list[st
 
 
 @pytest.mark.parametrize("extend", [False, True], ids=["finished", "not finished"])
-def test_a_read_only_run_folder_is_refused_before_anything_is_written(tmp_path, extend):
-    run_dir = finished_run(tmp_path)
+def test_a_read_only_run_folder_is_refused_before_anything_is_written(finished, tmp_path, extend):
+    run_dir = copy_of(finished, tmp_path)
     before = snapshot(run_dir)
     args = cli(f"resume={run_dir}", *(["iterations=3"] if extend else []))
     out = subprocess.run(
-        _read_only_command(tmp_path, run_dir, args), cwd=tmp_path, env=env(), capture_output=True, text=True
+        _read_only_command(tmp_path, run_dir, args),
+        cwd=tmp_path,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     line = one_error_line(out)
     assert line.startswith(f"error: resume={run_dir}: cannot write {run_dir}"), line
@@ -197,7 +214,13 @@ def test_a_file_size_limit_reached_in_a_checkpoint_is_one_line_naming_the_file(t
     run_dir = tmp_path / "run"
     args = cli("experiment=smoke", "progress=false", "iterations=2", "save_every=1", f"hydra.run.dir={run_dir}")
     out = subprocess.run(
-        args, cwd=tmp_path, env=env(), capture_output=True, text=True, preexec_fn=_file_size_limit(200 * 1024)
+        args,
+        cwd=tmp_path,
+        env=env(),
+        capture_output=True,
+        text=True,
+        preexec_fn=_file_size_limit(200 * 1024),
+        timeout=300,
     )
     line = one_error_line(out)
     assert line.startswith(f"error: cannot write {run_dir / 'checkpoints'}/.tmp-iter_000001-"), line

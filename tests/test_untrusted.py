@@ -28,11 +28,28 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers.runners import REPO, cli, env, finished_run, one_error_line, read_rows, run_main, snapshot, start_run
+from helpers.runners import (
+    REPO,
+    cli,
+    copy_of,
+    env,
+    finished_run,
+    one_error_line,
+    read_rows,
+    run_main,
+    snapshot,
+    start_run,
+)
 from omegaconf import OmegaConf
 
 from cory import runs
 from cory.checkpoints import latest_checkpoint
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    """`finished_run`, once for the module: each test spoils a copy."""
+    return finished_run(tmp_path_factory.mktemp("finished"))
 
 
 def _plant_in_config(run_dir, marker, key: str) -> None:
@@ -66,8 +83,8 @@ PLANTS = {
 
 @pytest.mark.parametrize("plant", list(PLANTS))
 @pytest.mark.parametrize("command", ["resume", "evaluate"])
-def test_a_planted_target_is_refused_in_one_line_and_nothing_runs(tmp_path, plant, command):
-    run_dir = finished_run(tmp_path)
+def test_a_planted_target_is_refused_in_one_line_and_nothing_runs(finished, tmp_path, plant, command):
+    run_dir = copy_of(finished, tmp_path)
     marker = tmp_path / "pwned"
     spoil, key = PLANTS[plant]
     spoil(run_dir, marker, key)
@@ -111,10 +128,10 @@ def _numeric_task() -> dict:
 
 
 @pytest.mark.parametrize("command", ["resume", "evaluate"])
-def test_code_shipped_with_a_model_runs_only_when_this_command_line_trusts_it(tmp_path, command):
+def test_code_shipped_with_a_model_runs_only_when_this_command_line_trusts_it(finished, tmp_path, command):
     """An installed loader (`cory.models.load_pretrained`) with `trust_remote_code: true` in `run_config.yaml` would
     import the Python file a model folder of the run ships: refused in one line unless typed on this command line."""
-    run_dir = finished_run(tmp_path)
+    run_dir = copy_of(finished, tmp_path)
     marker = tmp_path / "pwned"
     model = _plant_remote_code(run_dir, marker)
     cfg = OmegaConf.load(run_dir / runs.RUN_CONFIG)
@@ -128,7 +145,12 @@ def test_code_shipped_with_a_model_runs_only_when_this_command_line_trusts_it(tm
     else:
         args = [sys.executable, "-m", "cory.evaluate", str(run_dir), "--n", "2", "--out", str(tmp_path / "out")]
     out = subprocess.run(
-        args, cwd=tmp_path, env=env(HF_MODULES_CACHE=str(tmp_path / "modules")), capture_output=True, text=True
+        args,
+        cwd=tmp_path,
+        env=env(HF_MODULES_CACHE=str(tmp_path / "modules")),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     line = one_error_line(out)
     assert "sets model.trust_remote_code: True, which lets a library import and run code" in line, line
@@ -137,8 +159,8 @@ def test_code_shipped_with_a_model_runs_only_when_this_command_line_trusts_it(tm
     assert snapshot(run_dir) == before
 
 
-def test_the_classifier_rewards_switch_is_refused_too_and_the_command_line_can_set_it(tmp_path):
-    run_dir = finished_run(tmp_path)
+def test_the_classifier_rewards_switch_is_refused_too_and_the_command_line_can_set_it(finished, tmp_path):
+    run_dir = copy_of(finished, tmp_path)
     cfg = OmegaConf.load(run_dir / runs.RUN_CONFIG)
     reward = {"_target_": "cory.tasks.rewards.ClassifierReward", "name_or_path": "x", "trust_remote_code": True}
     OmegaConf.update(cfg, "task.reward", reward, merge=False)
@@ -151,14 +173,14 @@ def test_the_classifier_rewards_switch_is_refused_too_and_the_command_line_can_s
         assert runs.load_run_config(run_dir, runs.typed([typed])).task.reward.trust_remote_code is True
 
 
-def test_an_interpolated_target_in_the_recorded_overrides_never_runs(tmp_path):
+def test_an_interpolated_target_in_the_recorded_overrides_never_runs(finished, tmp_path):
     """The value only becomes `builtins.open` once resolved (`oc.decode`): what is checked is what will be built."""
-    run_dir = finished_run(tmp_path)
+    run_dir = copy_of(finished, tmp_path)
     marker = tmp_path / "pwned"
     _record_override(run_dir, f"+logger.evil={{_target_:'${{oc.decode:builtins.open}}',file:'{marker}',mode:w}}")
     before = snapshot(run_dir)
     out = subprocess.run(
-        cli(f"resume={run_dir}", "iterations=3"), cwd=tmp_path, env=env(), capture_output=True, text=True
+        cli(f"resume={run_dir}", "iterations=3"), cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=300
     )
     line = one_error_line(out)
     assert "names logger.evil._target_: ${oc.decode:builtins.open}, which no installed config names" in line, line
@@ -169,10 +191,10 @@ def test_an_interpolated_target_in_the_recorded_overrides_never_runs(tmp_path):
         runs.plain_config(planted, "f")
 
 
-def test_a_config_group_option_that_is_not_installed_is_refused(tmp_path):
+def test_a_config_group_option_that_is_not_installed_is_refused(finished, tmp_path):
     """`experiment=../../..` would compose a file from outside the installed configs, whose Hydra node (callbacks,
     logging) Hydra itself would build."""
-    run_dir = finished_run(tmp_path)
+    run_dir = copy_of(finished, tmp_path)
     marker = tmp_path / "pwned"
     shipped = run_dir / "shipped.yaml"
     callback = {"_target_": "builtins.open", "file": str(marker), "mode": "w"}
@@ -181,7 +203,7 @@ def test_a_config_group_option_that_is_not_installed_is_refused(tmp_path):
     _record_override(run_dir, f"+experiment@_global_={option}")
     before = snapshot(run_dir)
     out = subprocess.run(
-        cli(f"resume={run_dir}", "iterations=3"), cwd=tmp_path, env=env(), capture_output=True, text=True
+        cli(f"resume={run_dir}", "iterations=3"), cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=300
     )
     line = one_error_line(out)
     assert f"choose experiment={option}, which is no installed option of experiment" in line, line
@@ -271,8 +293,8 @@ LINKS = {
 
 
 @pytest.mark.parametrize("link", list(LINKS))
-def test_a_link_in_a_run_folder_is_never_followed(tmp_path, monkeypatch, capsys, link):
-    run_dir = finished_run(tmp_path)
+def test_a_link_in_a_run_folder_is_never_followed(finished, tmp_path, monkeypatch, capsys, link):
+    run_dir = copy_of(finished, tmp_path)
     outside = LINKS[link](run_dir, tmp_path / "victim")
     before, victim = _files_and_links(run_dir), _files_and_links(outside)
     code, err = run_main(monkeypatch, capsys, f"resume={run_dir}", "iterations=4", "save_every=1")
@@ -327,8 +349,8 @@ EDITS = {  # an edit of trainer.json → what the one-line refusal says
 
 
 @pytest.mark.parametrize("edit", list(EDITS))
-def test_an_edited_trainer_json_is_refused_in_one_line(tmp_path, monkeypatch, capsys, edit):
-    run_dir = finished_run(tmp_path)
+def test_an_edited_trainer_json_is_refused_in_one_line(finished, tmp_path, monkeypatch, capsys, edit):
+    run_dir = copy_of(finished, tmp_path)
     path = latest_checkpoint(run_dir) / "trainer.json"
     change, message = EDITS[edit]
     path.write_text(json.dumps(change(json.loads(path.read_text()))))
