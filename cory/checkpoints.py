@@ -119,8 +119,7 @@ def _signed(state: dict) -> str:
 
 def _keep_last(root: Path, keep: int) -> None:
     for old in _checkpoints(root)[:-keep]:
-        if not old.is_symlink():  # never followed out of the run folder (a received one is checked for links too)
-            shutil.rmtree(old, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)  # refuses a link (a run folder holding one is refused before)
 
 
 def _checkpoints(root: Path) -> list[Path]:

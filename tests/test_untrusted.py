@@ -174,21 +174,26 @@ def test_the_classifier_rewards_switch_is_refused_too_and_the_command_line_can_s
 
 
 def test_an_interpolated_target_in_the_recorded_overrides_never_runs(finished, tmp_path):
-    """The value only becomes `builtins.open` once resolved (`oc.decode`): what is checked is what will be built."""
+    """A callback whose `_target_` only becomes `builtins.open` once resolved (`oc.decode`) is no text a pattern
+    sees; Hydra would build it before cory runs. Hydra's own node is off limits to recorded overrides, and a value
+    is checked as it will be built: resolved."""
     run_dir = copy_of(finished, tmp_path)
     marker = tmp_path / "pwned"
-    _record_override(run_dir, f"+logger.evil={{_target_:'${{oc.decode:builtins.open}}',file:'{marker}',mode:w}}")
+    evil = f"+hydra.callbacks.evil={{_target_:'${{oc.decode:builtins.open}}',file:'{marker}',mode:w}}"
+    _record_override(run_dir, evil)
     before = snapshot(run_dir)
     out = subprocess.run(
         cli(f"resume={run_dir}", "iterations=3"), cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=300
     )
     line = one_error_line(out)
-    assert "names logger.evil._target_: ${oc.decode:builtins.open}, which no installed config names" in line, line
+    assert "its recorded overrides set hydra.callbacks.evil, one of Hydra's own settings" in line, line
+    assert f"pass {evil} on the command line" in line
     assert not marker.exists() and snapshot(run_dir) == before
-    # resolved, in a config: the value checked is the resolved one
+    with pytest.raises(runs.ConfigError, match=r"names model\._target_: \$\{oc\.decode:builtins\.open\}, which no"):
+        runs.refuse_untrusted_overrides(["model._target_=${oc.decode:builtins.open}"], "f")
     planted = OmegaConf.create({"x": {"_target_": "${oc.decode:builtins.open}"}, "y": "${x}"})
     with pytest.raises(runs.ConfigError, match=r"names x\._target_: builtins\.open, which no installed config"):
-        runs.plain_config(planted, "f")
+        runs.plain_config(planted, "f")  # a config: checked resolved
 
 
 def test_a_config_group_option_that_is_not_installed_is_refused(finished, tmp_path):
@@ -313,17 +318,6 @@ def test_a_new_run_refuses_a_folder_holding_a_link(tmp_path, monkeypatch, capsys
     code, err = run_main(monkeypatch, capsys, "experiment=smoke", "progress=false", f"hydra.run.dir={folder}")
     assert code == 2 and err.startswith(f"error: hydra.run.dir={folder}: samples.jsonl is a symbolic link"), err
     assert victim.read_text() == "the victim's\n" and sorted(p.name for p in folder.iterdir()) == ["samples.jsonl"]
-
-
-def test_pruning_never_deletes_through_a_linked_checkpoint(tmp_path):
-    from cory.checkpoints import _keep_last
-
-    root, victim = tmp_path / "checkpoints", tmp_path / "victim"
-    (root / "iter_000003").mkdir(parents=True)
-    (victim / "precious").mkdir(parents=True)
-    (root / "iter_000001").symlink_to(victim)
-    _keep_last(root, 1)
-    assert (victim / "precious").is_dir()
 
 
 # ------------------------------------------------------------------------------------------------ trainer.json
