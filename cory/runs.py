@@ -64,7 +64,10 @@ RUN_MARKERS = (RUN_CONFIG, "metrics.jsonl", "checkpoints", SUMMARY)
 RUN_FILES = (RUN_CONFIG, STARTS, LOCK, SUMMARY, "metrics.jsonl", "samples.jsonl", "train.log")
 RUN_FOLDERS = ("checkpoints", ".hydra", "evaluation")
 LOGS = ("metrics.jsonl", "samples.jsonl")  # what a resume cuts back to its checkpoint's line counts
-_LINKS_OF_OTHERS = "wandb"  # W&B keeps relative links of its own inside this folder (latest-run, debug.log)
+# W&B's folder (of a run, or of an evaluation in it): W&B keeps links of its own in there (latest-run, debug.log, a
+# run's debug-core.log into ~/.cache/wandb) and replaces them rather than writing through them; cory never reads or
+# writes anything below it. The folder itself must not be a link: W&B writes each start's files into it.
+_LINKS_OF_OTHERS = "wandb"
 _LEFT_AS_IT_WAS = "nothing in the run folder was changed"
 # Keys that may change on resume (a key matches itself and everything below it). They change how a run is
 # driven, logged or batched, not what it learns: `iterations` extends (or shortens) the run; the hardware
@@ -695,19 +698,18 @@ def check_layout(folder: Path, where: str, writes: bool) -> None:
     """Refuse in one line a folder a run could not use as it is, before anything in it is read or written.
 
     - A symbolic link anywhere in it: a run never follows one out of its folder (a linked `checkpoints/` would have
-      pruning delete the folders it points at, a linked log would take the run's writes). W&B's own links are
-      allowed inside `wandb/` when they point inside it.
+      pruning delete the folders it points at, a linked log would take the run's writes). W&B's own links inside a
+      `wandb/` folder are W&B's (`_LINKS_OF_OTHERS`).
     - Anything but files and folders (a pipe would block the read), a file where cory keeps a folder
       (`RUN_FOLDERS`, `checkpoints/iter_<k>`) or a folder where it writes a file (`RUN_FILES`).
     - With `writes`: a folder or file in it that cannot be written (a read-only filesystem, no permission).
     """
     folder = Path(folder)
-    root = folder.resolve()
     entries = [Path(top) / name for top, dirs, files in os.walk(folder) for name in [*dirs, *files]]
     for path in entries:
         rel = path.relative_to(folder)
         if path.is_symlink():
-            if rel.parts[0] == _LINKS_OF_OTHERS and path.resolve().is_relative_to(root / _LINKS_OF_OTHERS):
+            if _LINKS_OF_OTHERS in rel.parts[:-1]:
                 continue
             raise ConfigError(
                 f"{where}: {rel} is a symbolic link (to {os.readlink(path)}); a run never follows a link out of its "
