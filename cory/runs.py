@@ -105,7 +105,7 @@ def refuse_if_taken(folder: Path, key: str) -> None:
     """Raise `ConfigError` when `folder` already holds a run (a new run there would overwrite it), or holds what a run
     could not use (`check_layout`: a link, a folder where a run writes a file, ...)."""
     if Path(folder).is_dir():
-        check_layout(folder, f"{key}={folder}", writes=False)
+        check_layout(folder, f"{key}={folder}", writes=False, whole=False)
     marker = holds_run(folder)
     if marker:
         raise ConfigError(
@@ -198,7 +198,8 @@ def own(folder: Path, resuming: bool, primary: bool = True) -> Iterator[None]:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ConfigError(f"cannot create the run folder {folder}: {err.strerror or err}") from None
-    check_layout(folder, f"run folder {folder}", writes=not resuming)  # a resume checked it whole (`check_resume`)
+    # before the lock file is opened; a resume has checked the whole folder already (`check_resume`)
+    check_layout(folder, f"run folder {folder}", writes=not resuming, whole=False)
     lock = RunLock(folder)
     lock.acquire()
     if not resuming:
@@ -694,8 +695,10 @@ def check_resume(folder: Path, trusted: Typed | None = None) -> DictConfig:
     return saved
 
 
-def check_layout(folder: Path, where: str, writes: bool) -> None:
-    """Refuse in one line a folder a run could not use as it is, before anything in it is read or written.
+def check_layout(folder: Path, where: str, writes: bool, whole: bool = True) -> None:
+    """Refuse in one line a folder a run could not use as it is, before anything in it is read or written. `whole`:
+    every entry of a run's folder; else (a new run's folder, which may be any existing folder) its own entries only,
+    those at its top and in `.hydra/`, and writability of the folder itself.
 
     - A symbolic link anywhere in it: a run never follows one out of its folder (a linked `checkpoints/` would have
       pruning delete the folders it points at, a linked log would take the run's writes). W&B's own links inside a
@@ -705,7 +708,12 @@ def check_layout(folder: Path, where: str, writes: bool) -> None:
     - With `writes`: a folder or file in it that cannot be written (a read-only filesystem, no permission).
     """
     folder = Path(folder)
-    entries = [Path(top) / name for top, dirs, files in os.walk(folder) for name in [*dirs, *files]]
+    if whole:
+        entries = [Path(top) / name for top, dirs, files in os.walk(folder) for name in [*dirs, *files]]
+    else:
+        hydra = folder / ".hydra"
+        inside = [] if hydra.is_symlink() else [Path(t) / n for t, d, f in os.walk(hydra) for n in [*d, *f]]
+        entries = [*folder.iterdir(), *inside]
     for path in entries:
         rel = path.relative_to(folder)
         if path.is_symlink():
@@ -729,11 +737,11 @@ def check_layout(folder: Path, where: str, writes: bool) -> None:
             rel = path.relative_to(folder)
             raise ConfigError(f"{where}: {rel} is a file, where a run keeps a folder; {_LEFT_AS_IT_WAS}")
     if writes:
-        for path in [folder, *entries]:
+        for path in [folder, *(entries if whole else [])]:
             if not path.is_symlink() and not os.access(path, os.W_OK | (os.X_OK if path.is_dir() else 0)):
                 reason = "read-only filesystem" if _read_only(path) else "no write permission"
                 raise ConfigError(
-                    f"{where}: cannot write {path} ({reason}), and a resumed run writes into its folder; "
+                    f"{where}: cannot write {path} ({reason}), and a run writes into its folder; "
                     f"{_LEFT_AS_IT_WAS}. Make it writable, or copy the folder elsewhere and resume the copy"
                 )
 

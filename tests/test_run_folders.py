@@ -178,7 +178,7 @@ def test_a_read_only_run_folder_is_refused_before_anything_is_written(finished, 
     )
     line = one_error_line(out)
     assert line.startswith(f"error: resume={run_dir}: cannot write {run_dir}"), line
-    assert "a resumed run writes into its folder" in line and "copy the folder elsewhere" in line
+    assert "and a run writes into its folder" in line and "copy the folder elsewhere" in line
     _chmod_all(run_dir, lambda mode: mode | 0o200)  # undo the fallback's modes, if it was used
     assert snapshot(run_dir) == before
 
