@@ -346,15 +346,17 @@ def _parse_override(override: str):
 
 
 def _leaves(node: Any, key: str) -> Iterator[tuple[str, str, Any]]:
-    """(dotted key, last part of the key, value) of every leaf of a plain nested config below `key`."""
-    if isinstance(node, dict):
+    """(dotted key, last part of the key, value) of every leaf of a plain nested config below `key`; the value of a
+    `_target_` or `SAFE_VALUES` key is one leaf whatever it holds (a list or a mapping there is a value to refuse)."""
+    name = key.rsplit(".", 1)[-1]
+    if isinstance(node, dict) and name not in ("_target_", *SAFE_VALUES):
         for k, v in node.items():
             yield from _leaves(v, f"{key}.{k}" if key else str(k))
-    elif isinstance(node, list):
+    elif isinstance(node, list) and name not in ("_target_", *SAFE_VALUES):
         for i, v in enumerate(node):
             yield from _leaves(v, f"{key}[{i}]")
     else:
-        yield key, key.rsplit(".", 1)[-1], node
+        yield key, name, node
 
 
 def _scalar(value: Any) -> bool:
@@ -407,7 +409,7 @@ def refuse_untrusted(config: Any, source: str, trusted: Typed = Typed()) -> None
     known = known_targets() | trusted.targets
     container = OmegaConf.to_container(config, resolve=True) if isinstance(config, DictConfig) else config
     for key, name, value in _leaves(container, ""):
-        if name == "_target_" and value not in known:
+        if name == "_target_" and not (isinstance(value, str) and value in known):
             raise ConfigError(
                 f"{source} names {key}: {value}, which no installed config names; a run folder never runs code "
                 f"it names, so nothing was built (if you trust it, pass {key}={value} on the command line)"

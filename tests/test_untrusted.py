@@ -227,6 +227,11 @@ def test_the_trust_rule_knows_every_target_of_the_package_and_of_the_command_lin
     with pytest.raises(runs.ConfigError, match=r"^f names model\._target_: torch\.load, which no installed config"):
         runs.refuse_untrusted(planted, "f")
     runs.refuse_untrusted(planted, "f", runs.typed(["model._target_=torch.load"]))  # the user's own command line
+    for value in ({"a": 1}, [True], "yes", 1):  # anything but false or absent: a truthy value turns it on
+        with pytest.raises(runs.ConfigError, match=r"^f sets model\.trust_remote_code: "):
+            runs.refuse_untrusted({"model": {"trust_remote_code": value}}, "f")
+    with pytest.raises(runs.ConfigError, match=r"^f names model\._target_: \['os\.system'\]"):
+        runs.refuse_untrusted({"model": {"_target_": ["os.system"]}}, "f")
     with pytest.raises(runs.ConfigError, match=r"set hydra\.callbacks\.x, one of Hydra's own settings"):
         runs.refuse_untrusted_overrides(["+hydra.callbacks.x={_target_: os.system, command: ls}"], "f")
     with pytest.raises(runs.ConfigError, match=r"names model\._target_: os\.system"):
