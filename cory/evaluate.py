@@ -268,7 +268,10 @@ def result_settings(cfg, checkpoint, weights, n: int, seed: int, num_problems, b
     """Every setting that changes an evaluation's rows, as `settings.json` records them: the rows in a folder are
     reused only by an evaluation of the very same settings. The batch size counts: it sets how problems are
     chunked, and each chunk's sampling seed."""
-    config = OmegaConf.to_container(cfg, resolve=True)
+    config = {
+        k: OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
+        for k, v in ((k, cfg.get(k)) for k in RESULT_KEYS)
+    }
     return {
         "n": n,
         "seed": seed,
@@ -276,7 +279,7 @@ def result_settings(cfg, checkpoint, weights, n: int, seed: int, num_problems, b
         "batch_size": batch_size or cfg.eval_batch_size,
         "checkpoint": str(checkpoint),
         "weights": weights,  # the SHA-256 of the checkpoint's file checksums: the same folder name, other weights
-        "config": {k: config.get(k) for k in RESULT_KEYS},
+        "config": config,
     }
 
 
@@ -289,7 +292,7 @@ def _read_settings(path: Path) -> dict:
 
 
 def _differences(recorded: dict, settings: dict) -> str:
-    """The settings that differ, as `key: recorded → now` (the first three), or "" when none does."""
+    """The settings that differ, as `key: <recorded> there, <now> now` (the first three), or "" when none does."""
     from cory.runs import flatten
 
     before, now = flatten(recorded), flatten(settings)
