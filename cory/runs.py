@@ -825,8 +825,10 @@ def check_writable(folder: Path, key: str) -> None:
     """
     folder = Path(folder).expanduser().absolute()
     probe = folder
-    while not probe.exists() and probe != probe.parent:
+    while not (probe.exists() or probe.is_symlink()) and probe != probe.parent:
         probe = probe.parent
+    if not probe.exists():  # a link to nothing: a folder cannot be created there
+        raise ConfigError(f"{key}={folder}: cannot create the run folder, {probe} is a link to nothing")
     if not probe.is_dir():
         raise ConfigError(f"{key}={folder}: cannot create the run folder, {probe} is a file, not a folder")
     if not os.access(probe, os.W_OK | os.X_OK):

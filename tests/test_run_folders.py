@@ -192,16 +192,20 @@ def test_resume_with_no_folder_is_refused_instead_of_starting_a_new_run(tmp_path
     assert not (tmp_path / "outputs").exists()
 
 
+@pytest.mark.parametrize("what", ["a file", "a link to a file", "a link to nothing"])
 @pytest.mark.parametrize("key", ["hydra.run.dir", "hydra.sweep.dir"])
-def test_a_run_folder_that_is_a_file_is_one_line(tmp_path, monkeypatch, capsys, key):
-    afile = tmp_path / "afile"
+def test_a_run_folder_that_is_a_file_is_one_line(tmp_path, monkeypatch, capsys, key, what):
+    afile, given = tmp_path / "afile", tmp_path / "given"
     afile.write_text("the user's\n")
+    if what == "a file":
+        shutil.copy(afile, given)
+    else:
+        given.symlink_to(afile if what == "a link to a file" else tmp_path / "nowhere" / "x")
     sweep = ["-m", "seed=0,1"] if key == "hydra.sweep.dir" else []
-    code, err = run_main(monkeypatch, capsys, *sweep, "experiment=smoke", "progress=false", f"{key}={afile}")
-    assert (
-        code == 2 and err == f"error: {key}={afile}: cannot create the run folder, {afile} is a file, not a folder\n"
-    )
-    assert afile.read_text() == "the user's\n"
+    code, err = run_main(monkeypatch, capsys, *sweep, "experiment=smoke", "progress=false", f"{key}={given}")
+    said = "is a link to nothing" if what == "a link to nothing" else "is a file, not a folder"
+    assert code == 2 and err == f"error: {key}={given}: cannot create the run folder, {given} {said}\n", err
+    assert afile.read_text() == "the user's\n" and not (tmp_path / "nowhere").exists()
 
 
 def _file_size_limit(limit: int):
