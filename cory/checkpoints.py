@@ -6,8 +6,11 @@ policies), the torch RNG states (safetensors) and `trainer.json`, written last. 
 `damaged` and `refuse_nonfinite` are what an algorithm's `load` uses to refuse its own files in the same one-line way.
 It is written into a temporary sibling and renamed, so a
 crash mid-write leaves the previous checkpoint intact. Reading checks, before anything is restored or any log
-is truncated: `trainer.json` has every key, no file is empty, nothing pickled other than tensors is loaded
-(`torch.load(weights_only=True)`), and every loaded weight and optimiser tensor is finite.
+is truncated: `trainer.json` has every key, each of the type and range the trainer wrote (`read_state`), and
+matches its own SHA-256 (`state_sha256`, over the rest of it: the file checksums included); every other file of
+the checkpoint is listed with its SHA-256 and has it; no file is empty, nothing pickled other than tensors is loaded
+(`torch.load(weights_only=True)`), and every loaded weight and optimiser tensor is finite. A checkpoint may come
+from someone else (a run folder is input): a value that parses but is out of range is refused as a damaged one.
 """
 
 from __future__ import annotations
@@ -15,12 +18,16 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import pickle
+import random
+import re
 import shutil
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -42,7 +49,10 @@ STATE_KEYS = (  # what trainer.json must hold (`pending_eval` is optional: older
     "samples_lines",
     "wandb_run_id",
     "run_info",
+    "files",
 )
+STATE_DIGEST = "state_sha256"  # trainer.json's own SHA-256, over the rest of it (older checkpoints have none)
+CHECKPOINT_NAME = re.compile(r"iter_(\d+)")  # `checkpoints/iter_<iteration>`; anything else there is not one
 
 
 # what every refusal tells the user to do: the run folder itself is never changed by a refused load
@@ -74,9 +84,7 @@ def write_checkpoint(
         with writing(tmp / "torch_rng.safetensors"):
             save_file(torch_rng or runtime.torch_rng_states(), str(tmp / "torch_rng.safetensors"))
         files = _checksums(tmp) if checksums else {}
-        (tmp / "trainer.json").write_text(
-            json.dumps(state | {"files": files})
-        )  # last: its presence marks completeness
+        (tmp / "trainer.json").write_text(_signed(state | {"files": files}))  # last: its presence marks completeness
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     _keep_last(root, keep)
@@ -91,7 +99,7 @@ def install_checkpoint(source: Path, final: Path, keep: int) -> None:
     with writing(tmp):
         shutil.copytree(source, tmp, ignore=shutil.ignore_patterns("trainer.json"))
         state = json.loads((source / "trainer.json").read_text())
-        (tmp / "trainer.json").write_text(json.dumps(state | {"files": _checksums(tmp)}))
+        (tmp / "trainer.json").write_text(_signed(state | {"files": _checksums(tmp)}))
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     _keep_last(root, keep)
@@ -101,22 +109,130 @@ def _checksums(folder: Path) -> dict[str, str]:
     return {str(f.relative_to(folder)): _sha256(f) for f in sorted(folder.rglob("*")) if f.is_file()}
 
 
+def _state_digest(state: dict) -> str:
+    """SHA-256 of `trainer.json`'s content without its own digest, in one canonical form (sorted keys)."""
+    rest = {k: v for k, v in state.items() if k != STATE_DIGEST}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True).encode()).hexdigest()
+
+
+def _signed(state: dict) -> str:
+    """`trainer.json`'s text: the state and its own SHA-256, so that an edit of a counter, a flag or the list of file
+    checksums is refused as a bit flip of a weight file is."""
+    return json.dumps(state | {STATE_DIGEST: _state_digest(state)})
+
+
 def _keep_last(root: Path, keep: int) -> None:
-    for old in sorted(p for p in root.glob("iter_*") if p.is_dir())[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    for old in _checkpoints(root)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)  # refuses a link (a run folder holding one is refused before)
+
+
+def _checkpoints(root: Path) -> list[Path]:
+    """The checkpoint folders under `root` (`iter_<k>`), oldest first."""
+    found = [(int(m.group(1)), p) for p in root.glob("iter_*") if (m := CHECKPOINT_NAME.fullmatch(p.name))]
+    return [p for _, p in sorted(found) if p.is_dir()]
 
 
 def read_state(path: Path) -> dict:
-    """`trainer.json` of a checkpoint, refused in one line when unreadable or missing keys."""
+    """`trainer.json` of a checkpoint, refused in one line when unreadable, missing keys, edited since it was written
+    (its digest) or holding a value of the wrong type or out of range (`state_problem`)."""
     try:
-        state = json.loads((path / "trainer.json").read_text())
+        state = json.loads((path / "trainer.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
-        raise CheckpointError(f"checkpoint {path} is unreadable ({err}); {_FALLBACK}") from None
+        first = " ".join(str(err).split()) or type(err).__name__
+        raise CheckpointError(f"checkpoint {path} is unreadable ({first}); {_FALLBACK}") from None
     missing = [k for k in STATE_KEYS if not isinstance(state, dict) or k not in state]
     if missing:
         lacks = ", ".join(missing)
         raise CheckpointError(f"checkpoint {path} is unreadable (trainer.json lacks {lacks}); {_FALLBACK}")
+    if STATE_DIGEST in state and state[STATE_DIGEST] != _state_digest(state):
+        raise CheckpointError(
+            f"checkpoint {path} is damaged: trainer.json does not match the checksum recorded when it was saved (a "
+            f"bit flip or an edit); {_FALLBACK}"
+        )
+    problem = state_problem(state, path)
+    if problem:
+        raise CheckpointError(f"checkpoint {path} is unreadable (trainer.json: {problem}); {_FALLBACK}")
     return state
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _rng_problem(rng) -> str | None:
+    """Why `rng` (`cory.runtime.rng_state`'s form) cannot be restored, or None: tried on fresh generators."""
+    try:
+        version, keys, gauss = rng["python"]
+        random.Random().setstate((version, tuple(keys), gauss))
+        name, keys, pos, has_gauss, cached = rng["numpy"]
+        np.random.RandomState().set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    except (KeyError, TypeError, ValueError, OverflowError):
+        return "is not a python and numpy generator state"
+    return None
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def state_problem(state: dict, path: Path) -> str | None:
+    """What in `trainer.json` is not what the trainer writes (type and range, key by key), or None.
+
+    A checkpoint named `iter_<k>` holds k iterations; each line count is a count; nonfinite iterations are at most
+    the iterations done; the file list names files inside the checkpoint, each with a SHA-256; the generator states
+    restore on fresh generators.
+    """
+    iteration, wall = state["iteration"], state.get("wall_time_s", 0.0)
+    checks = {
+        "format": (_count(state["format"]), "a whole number"),
+        "iteration": (_count(iteration), "a whole number >= 0"),
+        "bad_streak": (_count(state["bad_streak"]), "a whole number >= 0"),
+        "metrics_lines": (_count(state["metrics_lines"]), "a whole number >= 0"),
+        "samples_lines": (_count(state["samples_lines"]), "a whole number >= 0"),
+        "nonfinite_iterations": (
+            _count(state["nonfinite_iterations"]) and _count(iteration) and state["nonfinite_iterations"] <= iteration,
+            "a whole number, at most the iterations done",
+        ),
+        "wandb_run_id": (state["wandb_run_id"] is None or isinstance(state["wandb_run_id"], str), "null or a string"),
+        "run_info": (isinstance(state["run_info"], dict), "an object"),
+        "pending_eval": (isinstance(state.get("pending_eval", False), bool), "true or false"),
+        "wall_time_s": (
+            isinstance(wall, (int, float)) and not isinstance(wall, bool) and math.isfinite(wall) and wall >= 0,
+            "a finite number of seconds >= 0",
+        ),
+        "rng_by_rank": (isinstance(state.get("rng_by_rank", []), list), "a list of generator states"),
+        STATE_DIGEST: (isinstance(state.get(STATE_DIGEST, ""), str), "a SHA-256"),
+    }
+    for key, (ok, expected) in checks.items():  # in this order: `iteration` is known to be a count below it
+        if not ok:
+            return f"{key} is {_shown(state.get(key))}, not {expected}"
+        if key == "iteration" and (name := CHECKPOINT_NAME.fullmatch(path.name)) and int(name.group(1)) != iteration:
+            return f"iteration is {iteration}, but the checkpoint folder is {path.name}"
+    if problem := _files_problem(state["files"]):
+        return f"files is not {problem}"
+    for key, rng in [
+        ("rng", state["rng"]),
+        *((f"rng_by_rank[{i}]", r) for i, r in enumerate(state.get("rng_by_rank", []))),
+    ]:
+        if problem := _rng_problem(rng):
+            return f"{key} {problem}"
+    return None
+
+
+def _files_problem(files) -> str | None:
+    if not isinstance(files, dict):
+        return "an object of file names and their SHA-256"
+    for name, digest in files.items():
+        parts = Path(name).parts
+        if Path(name).is_absolute() or not parts or ".." in parts or name != str(Path(*parts)):
+            return f"an object of file names inside the checkpoint (it names {name!r})"
+        if not (isinstance(digest, str) and _SHA256.fullmatch(digest)):
+            return f"an object of file names and their SHA-256 ({name!r} has {_shown(digest)})"
+    return None
+
+
+def _shown(value) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _sha256(path: Path) -> str:
@@ -127,18 +243,35 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def verify_checksums(checkpoint: Path, state: dict) -> None:
+def verify_checksums(checkpoint: Path, state: dict, complete: bool = True) -> None:
     """Every file `trainer.json` lists has the SHA-256 recorded when it was written: a bit flip or an edit that
-    still parses (a weight changed on disk) is refused, naming the file, instead of resuming with other numbers."""
-    for name, digest in state.get("files", {}).items():
+    still parses (a weight changed on disk) is refused, naming the file, instead of resuming with other numbers.
+    `complete`: every file of the checkpoint is listed too (a file list emptied or shortened is refused); only the
+    trainer's own snapshot, written without checksums, is read without it."""
+    files = state.get("files", {})
+    if complete:
+        check_listed(checkpoint, state)
+    for name, digest in files.items():
         path = checkpoint / name
-        if not path.is_file():
+        if path.is_symlink() or not path.is_file():
             raise CheckpointError(f"checkpoint {checkpoint} is damaged: {name} is missing; {_FALLBACK}")
         if _sha256(path) != digest:
             raise CheckpointError(
                 f"checkpoint {checkpoint} is damaged: {name} does not match the checksum recorded when it was "
                 f"saved (a bit flip or an edit); {_FALLBACK}"
             )
+
+
+def check_listed(checkpoint: Path, state: dict) -> None:
+    """Every file of the checkpoint but `trainer.json` has a checksum in it: a list emptied or shortened (so that an
+    edited file would go unchecked) is refused, naming the first file it leaves out. No file is read."""
+    names = [str(f.relative_to(checkpoint)) for f in sorted(checkpoint.rglob("*")) if f.is_file() or f.is_symlink()]
+    unlisted = sorted(set(names) - set(state.get("files", {})) - {"trainer.json"})
+    if unlisted:
+        raise CheckpointError(
+            f"checkpoint {checkpoint} is damaged: {unlisted[0]} has no checksum in trainer.json (its list of files "
+            f"was edited); {_FALLBACK}"
+        )
 
 
 def load_torch_rng(checkpoint: Path, rank: int = 0) -> dict[str, torch.Tensor]:
@@ -223,15 +356,23 @@ def damaged(what: Path, checkpoint: Path) -> Iterator[None]:
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest complete checkpoint folder (temporary folders of an interrupted write are ignored)."""
-    done = sorted(p for p in (Path(run_dir) / "checkpoints").glob("iter_*") if (p / "trainer.json").exists())
+    """The newest complete checkpoint folder, by iteration (temporary folders of an interrupted write are ignored)."""
+    done = [p for p in _checkpoints(Path(run_dir) / "checkpoints") if (p / "trainer.json").exists()]
     return done[-1] if done else None
 
 
+def count_lines(path: Path) -> int:
+    """The complete lines of `path` (0 when absent); a torn last line (a kill mid-write) does not count."""
+    if not path.is_file():
+        return 0
+    return path.read_bytes().count(b"\n")
+
+
 def truncate_lines(path: Path, keep: int) -> None:
-    """Keep the first `keep` lines of `path`: a resumed run's log then equals an uninterrupted one."""
+    """Keep the first `keep` lines of `path`: a resumed run's log then equals an uninterrupted one. Bytes, not text:
+    whatever the file holds, the lines kept are the bytes written."""
     if path.exists():
-        lines = path.read_text().splitlines(keepends=True)[:keep]
+        lines = path.read_bytes().split(b"\n")[:keep]  # `keep` is at most the complete lines (`count_lines`)
         tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text("".join(lines))
+        tmp.write_bytes(b"".join(line + b"\n" for line in lines))
         os.replace(tmp, path)

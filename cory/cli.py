@@ -139,13 +139,11 @@ def prepare(args: list[str]) -> list[str]:
         values = {override_key(o): unquote(o.split("=", 1)[1]) for o in overrides if "=" in o}
         primary = int(os.environ.get("RANK", "0")) == 0  # data-parallel: rank 0 checks, all ranks follow
         extra = []
+        runs.check_resume_value(values.get("resume"))
         if values.get("resume", "null") not in ("null", ""):
             extra = _resume_args(values, parsed.multirun, overrides)
             # Hydra composes the run's own command (so its keys exist) with this one's overrides on top
             flags = [a for a in args if a not in overrides]
-            recorded = runs.original_overrides(Path(values["resume"]))
-            source = f"resume={values['resume']}: its recorded overrides"
-            runs.refuse_unknown_targets(recorded, source, runs.targets_in(overrides))  # Hydra builds callbacks
             overrides = resume_overrides(Path(values["resume"]), overrides)
             args = flags + overrides
         elif parsed.multirun or _sweep_file(values):
@@ -248,7 +246,8 @@ def _resume_args(values: dict[str, str], multirun: bool, overrides: list[str]) -
         )
     if not os.path.isdir(folder):  # checked before Hydra, which would create the folder
         raise ConfigError(f"resume={folder}: no such run folder")
-    runs.load_run_config(Path(folder), runs.targets_in(overrides))  # readable, and names only known targets
+    # checked whole before Hydra writes there or builds its callbacks: what the folder may set, its layout, records
+    runs.check_resume(Path(folder), runs.typed(overrides))
     # Hydra's snapshot of this start (the default config + the resume command) must not replace the run's own;
     # `hydra.mode=RUN`: one run, even when its first start named a sweep file (which sets MULTIRUN) in run mode,
     # as `cory-sweep` starts each job

@@ -14,6 +14,7 @@ import errno
 import functools
 import os
 import re
+import resource
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -179,6 +180,11 @@ def _write_errno(err: BaseException, folder: Path) -> int | None:
         with contextlib.suppress(OSError):  # torch's message says only "file write failed": ask the filesystem
             if os.statvfs(folder).f_bavail == 0:
                 return errno.ENOSPC
+        # and the process's file-size limit (`ulimit -f`): the file it was writing stopped at that size
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        with contextlib.suppress(OSError):
+            if limit != resource.RLIM_INFINITY and _being_written(folder).stat().st_size >= limit:
+                return errno.EFBIG
     return None
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import sys
@@ -73,14 +74,18 @@ def load_config(run_dir: Path | None, overrides: list[str]) -> DictConfig:
             from cory.cli import explain  # one line with the hint `cory-train` gives ("did you mean ...?")
 
             raise ConfigError(explain(err, overrides)) from None
-    from cory.runs import load_run_config, targets_in
+    from cory.runs import check_layout, load_run_config, plain_config, typed
 
-    cfg = load_run_config(run_dir, targets_in(overrides))  # a run folder never names code to run
+    trusted = typed(overrides)
+    check_layout(run_dir, str(run_dir), writes=False)  # no link out of it is followed, nothing odd is read
+    cfg = load_run_config(run_dir, trusted)  # a run folder never names code to run
     OmegaConf.set_struct(cfg, True)
     try:
-        return OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))
+        merged = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))
     except OmegaConfBaseException as err:
         raise ConfigError(f"override {' '.join(overrides)}: {' '.join(str(err).split())}") from None
+    source = str(run_dir / "run_config.yaml") + (f" with {' '.join(overrides)}" if overrides else "")
+    return plain_config(merged, source, trusted)
 
 
 def checkpoint_agents(checkpoint: Path) -> list[str]:
@@ -223,10 +228,13 @@ def evaluate_run(
     run_dir, checkpoint = resolve_target(target) if target is not None else (None, None)
     cfg = load_config(run_dir, overrides)
     validate(cfg)  # an override can make it invalid (4-bit on a CPU): one line, before any model loads
+    weights = None
     if checkpoint is not None:  # checked whole as a resume checks it: a cut or edited weight file is one line
         from cory.checkpoints import read_state, verify_checksums
 
-        verify_checksums(checkpoint, read_state(checkpoint))
+        state = read_state(checkpoint)
+        verify_checksums(checkpoint, state)
+        weights = hashlib.sha256(json.dumps(state["files"], sort_keys=True).encode()).hexdigest()
     if out is None and run_dir is not None:
         out = run_dir / "evaluation" / (checkpoint.name if checkpoint else "base")
     elif out is None:
@@ -235,14 +243,60 @@ def evaluate_run(
     with writing(out):
         out.mkdir(parents=True, exist_ok=True)
     agents = checkpoint_agents(checkpoint) if checkpoint else []
-    settings = {"n": n, "seed": seed, "checkpoint": str(checkpoint), "num_problems": num_problems}
-    settings |= {"config": overrides} if run_dir is None else {}
-    if (out / SETTINGS).exists() and json.loads((out / SETTINGS).read_text()) != settings:
-        raise ConfigError(f"{out} holds results of other settings ({out / SETTINGS}); pass another --out")
+    settings = result_settings(cfg, checkpoint, weights, n, seed, num_problems, batch_size)
+    if (out / SETTINGS).exists():
+        other = _differences(_read_settings(out / SETTINGS), settings)
+        if other:
+            raise ConfigError(
+                f"{out} holds results of other settings ({other}; {out / SETTINGS}): they are never reused for "
+                f"these; pass another --out"
+            )
     with writing(out / SETTINGS):
         (out / SETTINGS).write_text(json.dumps(settings))
     with _owned(out), writing(out):  # one evaluation per output folder at a time, as one run per run folder
         return _evaluate_into(cfg, run_dir, checkpoint, agents, out, n, ks, num_problems, batch_size, seed)
+
+
+# What an evaluation's rows depend on besides the flags: the config's seed, model, task (its sampling settings and
+# data) and hardware (device and precision change the numbers); the logger, cadence and paths do not
+RESULT_KEYS = ("seed", "model", "task", "hardware")
+
+
+def result_settings(cfg, checkpoint, weights, n: int, seed: int, num_problems, batch_size) -> dict:
+    """Every setting that changes an evaluation's rows, as `settings.json` records them: the rows in a folder are
+    reused only by an evaluation of the very same settings. The batch size counts: it sets how problems are
+    chunked, and each chunk's sampling seed."""
+    config = {
+        k: OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
+        for k, v in ((k, cfg.get(k)) for k in RESULT_KEYS)
+    }
+    return {
+        "n": n,
+        "seed": seed,
+        "num_problems": num_problems,
+        "batch_size": batch_size or cfg.eval_batch_size,
+        "checkpoint": str(checkpoint),
+        "weights": weights,  # the SHA-256 of the checkpoint's file checksums: the same folder name, other weights
+        "config": config,
+    }
+
+
+def _read_settings(path: Path) -> dict:
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return recorded if isinstance(recorded, dict) else {}
+
+
+def _differences(recorded: dict, settings: dict) -> str:
+    """The settings that differ, as `key: <recorded> there, <now> now` (the first three), or "" when none does."""
+    from cory.runs import flatten
+
+    before, now = flatten(recorded), flatten(settings)
+    keys = sorted(k for k in before.keys() | now.keys() if before.get(k, "(absent)") != now.get(k, "(absent)"))
+    shown = [f"{k}: {before.get(k, '(absent)')} there, {now.get(k, '(absent)')} now" for k in keys[:3]]
+    return "; ".join(shown) + ("; ..." if len(keys) > 3 else "")
 
 
 @contextlib.contextmanager

@@ -10,7 +10,6 @@ job continues its own run without being told (`cory.runs.requeue_of`).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -45,6 +44,7 @@ def train(cfg: DictConfig, run_dir: Path, overrides: Sequence[str] = ()) -> dict
 
     run_dir = Path(run_dir)
     primary = int(os.environ.get("RANK", "0")) == 0  # data-parallel: rank 0 owns the folder
+    runs.check_resume_value(cfg.get("resume"))
     resuming = bool(cfg.get("resume"))
     if not resuming and runs.requeue_of(run_dir):  # a requeued SLURM sweep job (submitit) in its fixed folder
         runtime.say(f"[cory] SLURM job {runs.slurm_job()} was requeued: resuming its run in {run_dir}")
@@ -57,7 +57,7 @@ def train(cfg: DictConfig, run_dir: Path, overrides: Sequence[str] = ()) -> dict
     validate(cfg)  # before anything loads: a bad value costs seconds, not a model load
     with runs.own(run_dir, resuming, primary):
         if resuming and _resume_point(cfg, run_dir) == "finished":
-            return json.loads((run_dir / "summary.json").read_text())
+            return runs.read_summary(run_dir)
         if primary and not resuming:
             (run_dir / runs.RUN_CONFIG).write_text(OmegaConf.to_yaml(cfg, resolve=True))
 
@@ -138,9 +138,8 @@ def _resume_config(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> 
     # the targets a user named: the resume command's new overrides, and all of them when the command was the run's
     # own again (a sweep or a requeued job continuing its folder: no `resume=` typed, the recorded ones retyped)
     typed = overrides if not any(cli.override_key(o) == "resume" for o in overrides) else new
-    allowed = runs.targets_in([*typed, *cli.typed_overrides()])
-    runs.refuse_unknown_targets(original, f"resume={folder}: its recorded overrides", allowed)
-    saved = runs.load_run_config(folder, allowed)  # builds only what installed configs or this command name
+    trusted = runs.typed([*typed, *cli.typed_overrides()])
+    saved = runs.check_resume(folder, trusted)  # builds only what installed configs or this command set
     changes: dict = {}
     if new:
         original = [o for o in original if cli.override_key(o) not in {cli.override_key(n) for n in new}]
@@ -152,6 +151,7 @@ def _resume_config(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> 
         saved_values = OmegaConf.to_container(saved, resolve=True)
         changes = runs.resume_changes(saved_values, base, requested, named=[cli.override_key(o) for o in new])
         saved = runs.apply_resume_changes(saved, requested, changes, folder)
+        saved = runs.plain_config(saved, f"resume={folder}: its config with these changes", trusted)
     saved.resume = str(cfg.resume)
     return saved, changes, new
 
@@ -163,8 +163,7 @@ def _resume_point(cfg: DictConfig, run_dir: Path) -> str:
 
     checkpoint = latest_checkpoint(run_dir)
     state = read_state(checkpoint) if checkpoint is not None else None
-    summary = run_dir / "summary.json"
-    completed = summary.is_file() and json.loads(summary.read_text() or "{}").get("completed") is True
+    completed = runs.read_summary(run_dir).get("completed") is True
     done = state["iteration"] if state else None
     action = runs.check_extension(run_dir, cfg.iterations, done, bool(state and state.get("pending_eval")), completed)
     if action == "finished":

@@ -344,7 +344,9 @@ class Trainer:
             )
         self.algorithm.load(path / ALGORITHM_DIR)  # its own one-line refusals name what is wrong
         torch_states = load_torch_rng(path, distributed.rank())
-        verify_checksums(path, state)  # what still parsed must also be what was saved
+        # what still parsed must also be what was saved; every file of a checkpoint is listed (the snapshot, this
+        # process's own copy, was written without checksums)
+        verify_checksums(path, state, complete=self.snapshots is None or path != self.snapshots.path)
         by_rank = state.get("rng_by_rank", [])  # several processes: each resumes its own streams
         runtime.set_rng_state(by_rank[distributed.rank()] if distributed.rank() < len(by_rank) else state["rng"])
         runtime.set_torch_rng_states(torch_states)

@@ -3,7 +3,8 @@
 Covers: the summary's pass@k, greedy accuracy and no-number rate against hand-computed values (n − c < k
 included); a CORY run's checkpoint gives rows for base, llm1 and llm2 plus JSON and PNG; the base model of a LoRA
 run samples exactly what the adapter-free model samples; a killed evaluation resumes to the results of an
-uninterrupted one; wrong targets, other settings in the same folder and non-numeric tasks fail in one line;
+uninterrupted one; wrong targets, other settings in the same folder (an override such as the temperature, the
+batch size) and non-numeric tasks fail in one line;
 the W&B mirror runs offline. Run: `pytest tests/test_evaluate.py` (about a minute on 2 CPUs).
 """
 
@@ -26,6 +27,7 @@ from safetensors.torch import load_file, save_file
 import cory.evaluate
 from cory.build import build_backbone
 from cory.checkpoints import latest_checkpoint
+from cory.errors import ConfigError
 from cory.evaluate import evaluate_run, sample_chunk, summarize
 from cory.train import train
 
@@ -132,6 +134,22 @@ def test_a_killed_evaluation_continues_where_it_stopped(cory_run, tmp_path, monk
         return sorted((tmp_path / folder / "results.jsonl").read_text().splitlines())
 
     assert lines("cut") == lines("whole")  # the same samples, not only the same averages
+
+
+def test_rows_of_other_settings_are_never_reused(cory_run, tmp_path):
+    """A second evaluation into the same folder at another temperature (an override of the run's config) or another
+    batch size (which chunks and seeds the sampling) would print the first one's pass@k: refused, naming the
+    setting. The same settings again reuse the rows."""
+    args = dict(ks=[1, 2], num_problems=2, seed=0, out=tmp_path)
+    first = evaluate_run(cory_run, [], n=2, batch_size=4, **args)
+    temperature = "task.generation_kwargs.temperature"
+    with pytest.raises(
+        ConfigError, match=rf"holds results of other settings \(config\.{temperature}: 1\.0 there, 0\.5 now"
+    ):
+        evaluate_run(cory_run, [f"{temperature}=0.5"], n=2, batch_size=4, **args)
+    with pytest.raises(ConfigError, match=r"other settings \(batch_size: 4 there, 2 now"):
+        evaluate_run(cory_run, [], n=2, batch_size=2, **args)
+    assert evaluate_run(cory_run, [], n=2, batch_size=4, **args) == first
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:

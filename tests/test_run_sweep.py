@@ -3,6 +3,7 @@
 - Jobs are Hydra's own expansion of the sweep; folders are named `<what varies>/seed=<n>`.
 - A sweep stopped by a signal resumes from its checkpoints when the same command runs again, and the resumed
   run's metrics equal one uninterrupted run's rows (each iteration once); finished runs are skipped.
+- `--jobs 0` or `--threads 0` is refused in one line (it would wait forever).
 - `scripts/reproduce_cpu.sh` (the README's `make reproduce-cpu`) runs end to end on the tiny model and writes the
   curves and the frontier.
 Run: `pytest tests/test_run_sweep.py` (about a minute: real runs in subprocesses).
@@ -99,6 +100,15 @@ def test_a_second_driver_on_the_same_sweep_is_refused(tmp_path, capsys):
     (tmp_path / run_sweep.LOCK).write_text(str(os.getpid()))  # this process is alive
     assert run_sweep.main(["--dir", str(tmp_path), "experiment=smoke"]) == 2
     assert f"error: another cory-sweep (pid {os.getpid()}) is running in {tmp_path}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--jobs", "--threads"])
+def test_no_slot_or_thread_to_run_in_is_refused_in_one_line(tmp_path, flag):
+    """`--jobs 0` would wait forever for a free slot: refused before anything is written."""
+    cmd = [sys.executable, "scripts/run_sweep.py", "--dir", str(tmp_path / "sweep"), flag, "0", "experiment=smoke"]
+    out = subprocess.run(cmd, cwd=REPO, env=_env(tmp_path), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stderr == f"error: {flag} 0: must be at least 1\n"
+    assert not (tmp_path / "sweep").exists()
 
 
 @pytest.mark.long

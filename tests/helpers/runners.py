@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -144,6 +145,14 @@ def finished_run(tmp_path: Path) -> Path:
     start_run(tmp_path, run_dir, "iterations=2", "save_every=1", "keep_checkpoints=1")
     assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["iter_000002"]  # keep_checkpoints=1
     return run_dir
+
+
+def copy_of(run_dir: Path, tmp_path: Path) -> Path:
+    """A copy of a run folder at `tmp_path/run` (links kept as links): one `finished_run` per test module, spoilt
+    differently by each test."""
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy, symlinks=True)
+    return copy
 
 
 # ------------------------------------------------------------------------------------------ a finished run folder
