@@ -262,6 +262,30 @@ def test_report_command_writes_its_files_and_refuses_an_empty_folder(tmp_path: P
     assert "(b) KL ratio at reward 0.9" in (tmp_path / "out" / "claim2.md").read_text()
 
 
+def test_the_preregistered_sizing_is_what_plan_computes_from_the_committed_files() -> None:
+    """docs/results.md's numbers for the second study, recomputed from outputs/claim/ and outputs/claim2/."""
+    plan = claim2.plan(
+        REPO / "outputs/claim/results",
+        REPO / "outputs/claim/reward_spread.json",
+        REPO / "outputs/claim2/reward_spread_probability.json",
+    )
+    text = (REPO / "docs/results.md").read_text()
+    section = text[text.index("## Pre-registration 2") :]
+    sd = plan["paired_sd_logit"]
+    for value in (f"{sd['1.0']:.3f}", f"{sd['2.0']:.3f}", f"{sd['4.0']:.3f}", f"{plan['sigmoid_slope']:.3f}"):
+        assert value in section
+    assert f"{plan['paired_sd_probability']:.4f}" in section
+    assert f"{plan['seeds_for_margin']} seeds" in section and f"{plan['seeds_for_0.1_logit']} seeds" in section
+    b = plan["betas"]
+    assert f"{b['main']:.3f}" in section and f"{b['priced']:.3f}" in section and f"{b['priced_logit']:.2f}" in section
+    cost = plan["cost"]
+    for exp in ("imdb_claim_ppo", "imdb_claim_cory", "imdb_claim_cory_released"):
+        assert f"{cost[exp]['iteration_s']:.0f} s" in section and f"{cost[exp]['evaluation_s']:.0f} s" in section
+    assert f"{plan['projected']['total_h']:.0f} CPU-hours" in section
+    total = sum(c["wall_h"] for c in cost.values())
+    assert f"{total:.1f} run-hours" in text
+
+
 # ------------------------------------------------------------------------------------------------- the driver
 def _repo_with_the_driver(tmp_path: Path) -> Path:
     """A git repository holding the study's driver and report, as the real one does (`scripts/`)."""
