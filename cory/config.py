@@ -162,10 +162,14 @@ def _check_finite(node: Any, key: str = "") -> None:
 def type_problem(value: Any, hint: Any) -> str | None:
     """None when `value` fits the annotation `hint`; otherwise what was expected ("an integer", ...).
 
-    Plain types, unions, sequences and mappings are checked; anything else (classes, callables, `Any`) passes.
+    Plain types, literals, unions, sequences and mappings are checked; anything else (classes, callables, `Any`)
+    passes.
     Booleans are not numbers here, and an integer is a valid float.
     """
     origin = typing.get_origin(hint)
+    if origin is typing.Literal:  # a closed set of values, e.g. a reward's `bound`
+        allowed = typing.get_args(hint)
+        return None if value in allowed else "one of " + ", ".join(str(a) for a in allowed)
     if origin in (typing.Union, types.UnionType):
         problems = [type_problem(value, arm) for arm in typing.get_args(hint)]
         return None if None in problems else " or ".join(dict.fromkeys(p for p in problems if p))

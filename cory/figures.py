@@ -102,7 +102,10 @@ def reward_unit(config: Mapping | None) -> str | None:
     """The unit of the task reward of a resolved run config (None when the reward's class is not known)."""
     config = config or {}
     task = config.get("task") or {}
-    for name in (_target_name(task.get("reward") if isinstance(task, Mapping) else None), _target_name(task)):
+    reward = task.get("reward") if isinstance(task, Mapping) else None
+    if isinstance(reward, Mapping) and reward.get("bound") in ("probability", "sigmoid"):
+        return "P(positive)"  # a bounded reward (docs/method.md §3.8) is a probability, whatever its classifier
+    for name in (_target_name(reward), _target_name(task)):
         if name in REWARD_UNITS:
             return REWARD_UNITS[name]
     return REWARD_UNITS.get(_target_name(config.get("algorithm")) or "")

@@ -40,6 +40,8 @@ SWEEP_EXPERIMENT = {
     "cpu_imdb_curves": "cpu_imdb",
     "cpu_imdb_frontier": "cpu_imdb",
     "imdb_claim": None,  # the sweep chooses its experiments (the arms)
+    "imdb_claim2": None,
+    "imdb_claim2_pilot": None,
     "family_arithmetic": "gsm8k_cpu",
     "family_parts": "gsm8k_cpu",
 }

@@ -177,7 +177,7 @@ def test_cfg_job_prints_the_config_and_runs_nothing(cory_run):
 
 
 def test_a_sweep_jobs_folder_is_a_run_although_its_path_holds_an_equals_sign(cory_run, tmp_path):
-    job = tmp_path / "algorithm=cory" / "seed=0"  # how `-m` sweeps and scripts/run_sweep.py name their jobs
+    job = tmp_path / "algorithm=cory" / "seed=0"  # how `-m` sweeps and cory-sweep name their jobs
     shutil.copytree(cory_run, job)
     out = _run(str(job), "--cfg", "job")
     assert out.returncode == 0 and "_target_: cory.models.build_tiny_llama" in out.stdout, out.stderr

@@ -105,6 +105,10 @@ def test_run_info_reads_what_the_run_is_from_its_config_summary_and_overrides(tm
     assert figures.reward_unit({"task": paper_reward}) == "classifier logit"
     assert figures.reward_unit({"task": {"_target_": "cory.tasks.gsm8k.GSM8KTask"}}) == "fraction correct"
     assert figures.reward_unit({"task": {"_target_": "my.Unknown"}}) is None
+    bounded = {**paper_reward, "reward": {**paper_reward["reward"], "bound": "probability"}}
+    assert figures.reward_unit({"task": bounded}) == "P(positive)"  # a bounded reward is a probability
+    clipped = {**paper_reward, "reward": {**paper_reward["reward"], "bound": "clip", "ceiling": 3.0}}
+    assert figures.reward_unit({"task": clipped}) == "classifier logit"
     ablation = _config() | {"algorithm": {"_target_": "cory.algorithms.cory.CORY", "role_exchange": False}}
     assert figures.run_info(ablation).algorithm == "CORY w/o REx"
     assert figures.run_info(None, {"algorithm": "maft", "seed": 0, "single_agent_ft": True}) == figures.RunInfo(

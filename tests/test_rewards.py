@@ -3,7 +3,9 @@
 `ClassifierReward` is checked on a tiny random DistilBERT saved to a tmp folder (score == raw POSITIVE logit,
 label lookup by name, truncation). `TfidfSentimentReward` is trained on a hand-made CSV into a tmp cache:
 positive texts score higher, the cache holds no pickle, and a reload gives identical scores without retraining.
-The real 25k-review training is `slow`. Run: `pytest -q tests/test_rewards.py -m "not slow"`.
+The bounds (`bound=probability|clip`, `BoundedReward`) against hand-computed values, and CORY's collective reward
+as the sum of the bounded rewards (the bound comes first). The real 25k-review training is `slow`. Run:
+`pytest -q tests/test_rewards.py -m "not slow"`.
 """
 
 from __future__ import annotations
@@ -15,13 +17,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers.compose import compose_cfg
+from helpers.cory_setup import QUERIES, make_cory
 from helpers.fakes import save_tiny_classifier, write_reviews_csv
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
 import cory.tasks.rewards
-from cory.errors import AssetUnavailableError
-from cory.tasks.rewards import ClassifierReward, TfidfSentimentReward
+from cory.config import validate
+from cory.errors import AssetUnavailableError, ConfigError
+from cory.ppo.learner import Agent
+from cory.tasks.rewards import BoundedReward, ClassifierReward, TfidfSentimentReward, clip_above, sigmoid
+from cory.tasks.toy import ToyTask
 
 
 @pytest.fixture(autouse=True)
@@ -118,3 +125,124 @@ def test_a_cached_reward_with_nonfinite_weights_is_named_as_corrupt(tmp_path: Pa
     save_file(arrays, str(reward.path / "arrays.safetensors"))
     with pytest.raises(AssetUnavailableError, match=r"is corrupt \(ValueError: arrays.safetensors holds non-finite"):
         TfidfSentimentReward(cache_dir=str(tmp_path / "cache"), data_files=str(data))
+
+
+# ------------------------------------------------------------------------------------------------------ bounds
+def test_sigmoid_and_clip_by_hand() -> None:
+    # σ(0) = 1/2, σ(2) = 1/(1 + e^−2) = 0.880797..., σ(−2) = 1 − σ(2); ±800 would overflow e^x naively
+    np.testing.assert_allclose(
+        sigmoid(np.array([0.0, 2.0, -2.0, 800.0, -800.0])),
+        [0.5, 0.8807970779778823, 0.11920292202211755, 1.0, 0.0],
+        rtol=0,
+        atol=1e-15,
+    )
+    np.testing.assert_array_equal(clip_above(np.array([-3.0, 1.0, 2.0, 5.0]), 2.0), [-3.0, 1.0, 2.0, 2.0])
+
+
+def test_bounded_reward_wraps_any_reward_callable() -> None:
+    def raw(texts: list[str]) -> list[float]:
+        return [{"bad": -1.0, "meh": 0.0, "good": 3.0}[t] for t in texts]
+
+    texts = ["bad", "meh", "good"]
+    # σ(−1) = 0.268941..., σ(0) = 0.5, σ(3) = 0.952574...
+    assert BoundedReward(raw, "sigmoid")(texts) == pytest.approx([0.2689414213699951, 0.5, 0.9525741268224334])
+    assert BoundedReward(raw, "clip", ceiling=1.0)(texts) == [-1.0, 0.0, 1.0]
+
+
+def test_tfidf_reward_bounds_are_the_probability_and_the_clipped_logit(tmp_path: Path) -> None:
+    """`probability` is the logistic regression's own P(positive) (sklearn's predict_proba), `clip` min(logit, c)."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+
+    data = write_reviews_csv(tmp_path / "reviews.csv")
+    kwargs = {"cache_dir": str(tmp_path / "cache"), "data_files": str(data), "eval_fraction": 0.0}
+    raw = TfidfSentimentReward(**kwargs)
+    probe = ["wonderful acting", "boring and painful script", "nothing in the vocabulary zzz"]
+    logits = np.array(raw(probe))
+    assert logits[0] > 0.5 and logits[1] < -0.5  # both sides of the clip below are exercised
+
+    rows = [r for r in csv.DictReader(data.open()) if r["source"] == "imdb"]
+    order = np.random.default_rng(0).permutation(len(rows))
+    texts, labels = [rows[i]["text"] for i in order], [int(rows[i]["label"]) for i in order]
+    vectorizer = TfidfVectorizer(ngram_range=(1, 2), min_df=2, max_features=200_000, sublinear_tf=True)
+    classifier = LogisticRegression(C=4, max_iter=1000).fit(vectorizer.fit_transform(texts), labels)
+    expected = classifier.predict_proba(vectorizer.transform(probe))[:, 1]
+    probability = TfidfSentimentReward(**kwargs, bound="probability")(probe)
+    np.testing.assert_allclose(probability, expected, rtol=0, atol=1e-9)
+    assert all(0.0 < p < 1.0 for p in probability)
+
+    clipped = TfidfSentimentReward(**kwargs, bound="clip", ceiling=0.5)(probe)
+    assert clipped[:2] == [0.5, logits[1]] and clipped[2] == min(logits[2], 0.5)  # above the ceiling: cut; below: kept
+
+
+def test_classifier_reward_bounds(tmp_path: Path) -> None:
+    """`probability` is the softmax over the classifier's labels at the positive one, not σ of its logit alone."""
+    save_tiny_classifier(tmp_path, {0: "NEGATIVE", 1: "POSITIVE"})
+    texts = ["This movie was great", "terrible boring film"]
+    raw = ClassifierReward(str(tmp_path))
+    with torch.no_grad():
+        logits = raw.model(**raw.tokenizer(texts, padding=True, return_tensors="pt")).logits.double()
+    (n0, p0), (n1, p1) = logits.tolist()
+    by_hand = [np.exp(p0) / (np.exp(p0) + np.exp(n0)), np.exp(p1) / (np.exp(p1) + np.exp(n1))]
+    assert ClassifierReward(str(tmp_path), bound="probability")(texts) == pytest.approx(by_hand, abs=1e-6)
+    ceiling = (p0 + p1) / 2  # between the two logits: one is clipped, the other not
+    clipped = ClassifierReward(str(tmp_path), bound="clip", ceiling=ceiling)(texts)
+    assert clipped == pytest.approx([min(p0, ceiling), min(p1, ceiling)], abs=1e-6)
+    assert min(p0, p1) < ceiling < max(p0, p1)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"bound": "sigmoid"}, "task.reward.bound=sigmoid: expected one of none, probability, clip"),
+        ({"bound": "clip"}, "task.reward.ceiling=None: set a ceiling exactly with task.reward.bound=clip"),
+        ({"bound": "probability", "ceiling": 1.0}, "task.reward.ceiling=1.0: set a ceiling exactly with"),
+    ],
+)
+def test_a_wrong_bound_is_one_line_before_any_training(tmp_path: Path, kwargs: dict, message: str) -> None:
+    data = write_reviews_csv(tmp_path / "reviews.csv")
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        TfidfSentimentReward(cache_dir=str(tmp_path / "cache"), data_files=str(data), **kwargs)
+    assert not (tmp_path / "cache").exists()
+
+
+def test_a_wrong_bound_on_the_command_line_is_refused_when_the_config_is_validated() -> None:
+    """Before the model loads: the reward's `bound` is a closed set of values (a `Literal` annotation)."""
+    with pytest.raises(ConfigError, match="task.reward.bound=sigmoid: expected one of none, probability, clip"):
+        validate(compose_cfg(["experiment=quickstart", "task.reward.bound=sigmoid"]))
+    validate(compose_cfg(["experiment=quickstart", "task.reward.bound=probability"]))
+    validate(compose_cfg(["experiment=quickstart", "task/reward=distilbert_imdb", "task.reward.bound=clip"]))
+
+
+class LogitToy(ToyTask):
+    """A logit-like reward, 12·(vowel share) − 3 (about −3 … +9), bounded per response by σ as a reward part."""
+
+    def score(self, queries: list[str], responses: list[str]) -> list[float]:
+        logits = [12 * v - 3 for v in super().score(queries, responses)]
+        return BoundedReward(lambda texts: logits, "sigmoid")(responses)
+
+
+def test_cory_sums_the_bounded_rewards_not_the_bound_of_the_sum(monkeypatch: pytest.MonkeyPatch) -> None:
+    """R = σ(l1) + σ(l2), in [0, 2], reaches both updates: the bound acts on each response before Eq. 4's sum
+    (`score_clip`, after the sum, would bound r1 + r2 instead)."""
+    learned, responses, act, learn = [], [], Agent.act, Agent.learn
+
+    def learn_spy(self, rollout, scores):
+        learned.append(scores.clone())
+        return learn(self, rollout, scores)
+
+    def act_spy(self, *args, **kwargs):
+        responses.append(act(self, *args, **kwargs))
+        return responses[-1]
+
+    monkeypatch.setattr(Agent, "learn", learn_spy)
+    monkeypatch.setattr(Agent, "act", act_spy)
+    algorithm = make_cory(task_cls=LogitToy)
+    torch.manual_seed(0)
+    algorithm.step(0)
+    raw = [[12 * v - 3 for v in ToyTask.score(algorithm.task, QUERIES, r.responses)] for r in responses]
+    s1, s2 = sigmoid(np.array(raw[0])), sigmoid(np.array(raw[1]))
+    assert len(learned) == 2
+    for scores in learned:
+        np.testing.assert_allclose(scores.numpy(), s1 + s2, rtol=0, atol=1e-6)
+    assert not np.allclose(s1 + s2, sigmoid(np.array(raw[0]) + np.array(raw[1])), atol=1e-3)

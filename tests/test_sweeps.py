@@ -310,7 +310,7 @@ def test_resume_with_another_folder_or_a_sweep_is_refused(tmp_path, finished, mo
 
 
 def test_a_job_started_from_a_sweep_file_in_run_mode_resumes_as_one_run(tmp_path, monkeypatch, capsys):
-    """`scripts/run_sweep.py` starts each job as `sweep=<file> … hydra.mode=RUN`; the sweep file sets MULTIRUN, and
+    """`cory-sweep` starts each job as `sweep=<file> … hydra.mode=RUN`; the sweep file sets MULTIRUN, and
     its resume must still continue the one run in its folder, not start a sweep elsewhere."""
     monkeypatch.chdir(tmp_path)
     run = tmp_path / "job"

@@ -7,6 +7,12 @@ The texts are the query plus the response (docs/method.md §1.2 step 5). Two imp
 - `TfidfSentimentReward`: the offline stand-in of docs/method.md §8, a TF-IDF + logistic-regression classifier
   trained once on the packaged IMDB reviews; its decision function is also a logit.
 
+Both take `bound` (docs/method.md §3.8): `none` keeps the raw logit (the paper's, unbounded), `probability` gives
+the classifier's probability of the positive class (in [0, 1]) and `clip` gives min(logit, `ceiling`). The bound
+acts on each response's own score, so under CORY it comes before the collective sum r1 + r2; the learner's
+`score_clip` acts after it. `BoundedReward` puts the same bounds (`sigmoid` for `probability`) around any other
+reward callable.
+
 Deviations: the stand-in is not a transformer and has a different scale (about +4 / −6 on short clear texts,
 like the DistilBERT logit but not identical); `ClassifierReward` truncates to the classifier's maximum length,
 where the official pipeline would fail on over-long texts.
@@ -20,7 +26,9 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -30,12 +38,67 @@ from sklearn.feature_extraction.text import CountVectorizer
 from sklearn.preprocessing import normalize
 
 from cory import runtime
-from cory.errors import AssetUnavailableError, writing
+from cory.errors import AssetUnavailableError, ConfigError, writing
 from cory.hub import from_pretrained_or_fail
+
+Bound = Literal["none", "probability", "clip"]
+
+
+def _check_bound(bound: str, ceiling: float | None, allowed: tuple[str, ...]) -> None:
+    """One-line refusals of a bound this reward does not have, or a ceiling without `clip` or `clip` without one."""
+    if bound not in allowed:
+        raise ConfigError(f"task.reward.bound={bound}: expected one of {', '.join(allowed)}")
+    if (bound == "clip") != (ceiling is not None):
+        raise ConfigError(
+            f"task.reward.ceiling={ceiling}: set a ceiling exactly with task.reward.bound=clip (bound is {bound})"
+        )
+
+
+def sigmoid(scores: np.ndarray) -> np.ndarray:
+    """1 / (1 + e^−s), elementwise, without overflow for large |s| (a log-odds score → a probability)."""
+    scores = np.asarray(scores, dtype=np.float64)
+    out = np.empty_like(scores)
+    pos = scores >= 0
+    out[pos] = 1.0 / (1.0 + np.exp(-scores[pos]))
+    e = np.exp(scores[~pos])
+    out[~pos] = e / (1.0 + e)
+    return out
+
+
+def clip_above(scores: np.ndarray, ceiling: float) -> np.ndarray:
+    """min(s, ceiling), elementwise: bounded above, untouched below."""
+    return np.minimum(np.asarray(scores, dtype=np.float64), float(ceiling))
+
+
+class BoundedReward:
+    """Any reward callable `texts -> scores` with its scores bounded above, one response at a time.
+
+    For rewards that are not this module's own (those take `bound` themselves):
+    `task.reward={_target_: cory.tasks.rewards.BoundedReward, bound: sigmoid, reward: {_target_: ...}}`.
+
+    Args:
+        reward: the callable whose scores are bounded.
+        bound: `sigmoid` (σ(s), reading s as log-odds) or `clip` (min(s, ceiling)).
+        ceiling: the upper bound of `clip`; null otherwise.
+    """
+
+    def __init__(
+        self,
+        reward: Callable[[list[str]], list[float]],
+        bound: Literal["sigmoid", "clip"],
+        ceiling: float | None = None,
+    ) -> None:
+        _check_bound(bound, ceiling, ("sigmoid", "clip"))
+        self.reward, self.bound, self.ceiling = reward, bound, ceiling
+
+    def __call__(self, texts: list[str]) -> list[float]:
+        scores = np.asarray(self.reward(texts), dtype=np.float64)
+        return (sigmoid(scores) if self.bound == "sigmoid" else clip_above(scores, self.ceiling)).tolist()
 
 
 class ClassifierReward:
-    """Raw logit of the positive label of a Hugging Face sequence classifier (hub name or local folder).
+    """Raw logit of the positive label of a Hugging Face sequence classifier (hub name or local folder), or, with
+    `bound`, its probability (softmax over the labels: σ(l_pos − l_neg) for two labels) or the logit clipped above.
 
     Args:
         name_or_path: a Hub id (fails fast offline, see `cory.hub`) or a folder written by `save_pretrained`.
@@ -44,6 +107,8 @@ class ClassifierReward:
         batch_size: texts per forward pass.
         device: torch device of the classifier.
         trust_remote_code: passed to `from_pretrained`.
+        bound: `none` (the raw logit, the paper's), `probability` or `clip`.
+        ceiling: the upper bound of `clip`; null otherwise.
     """
 
     def __init__(
@@ -53,7 +118,11 @@ class ClassifierReward:
         batch_size: int = 32,
         device: str = "cpu",
         trust_remote_code: bool = False,
+        bound: Bound = "none",
+        ceiling: float | None = None,
     ) -> None:
+        _check_bound(bound, ceiling, ("none", "probability", "clip"))  # before the model loads
+        self.bound, self.ceiling = bound, ceiling
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         common = {"what": "reward model", "key": "task.reward.name_or_path", "trust_remote_code": trust_remote_code}
@@ -77,7 +146,7 @@ class ClassifierReward:
 
     @torch.no_grad()
     def __call__(self, texts: list[str]) -> list[float]:
-        """Texts (query + response) → raw positive-label logits, one float per text."""
+        """Texts (query + response) → one float per text: the raw positive-label logit, or its bound."""
         scores: list[float] = []
         for start in range(0, len(texts), self.batch_size):
             batch = self.tokenizer(
@@ -87,9 +156,12 @@ class ClassifierReward:
                 max_length=self.max_length,
                 return_tensors="pt",
             ).to(self.device)
-            logits = self.model(**batch).logits  # [b, num_labels]
-            scores.extend(logits[:, self.positive_index].float().cpu().tolist())
-        return scores
+            logits = self.model(**batch).logits.float()  # [b, num_labels]
+            if self.bound == "probability":  # the classifier's own probability, not σ of one logit
+                scores.extend(logits.softmax(dim=-1)[:, self.positive_index].cpu().tolist())
+                continue
+            scores.extend(logits[:, self.positive_index].cpu().tolist())
+        return clip_above(scores, self.ceiling).tolist() if self.bound == "clip" else scores
 
 
 # These settings give 0.902 held-out accuracy on the shipped IMDB reviews (docs/method.md §8).
@@ -112,6 +184,9 @@ class TfidfSentimentReward:
             Only rows with source == "imdb" are used when the column exists.
         max_rows: keep only the first `max_rows` of those rows (tests).
         eval_fraction: held-out share (0.2 gives the 20k / 5k split of the 25k IMDB rows).
+        bound: `none` (the logit), `probability` (σ(logit): the logistic regression's probability of a positive
+            review) or `clip` (min(logit, ceiling)).
+        ceiling: the upper bound of `clip`; null otherwise.
     """
 
     def __init__(
@@ -121,7 +196,11 @@ class TfidfSentimentReward:
         data_files: str | None = None,
         max_rows: int | None = None,
         eval_fraction: float = 0.2,
+        bound: Bound = "none",
+        ceiling: float | None = None,
     ) -> None:
+        _check_bound(bound, ceiling, ("none", "probability", "clip"))  # before any training
+        self.bound, self.ceiling = bound, ceiling
         if data_files is None:
             from cory.assets import packaged_imdb_csv
 
@@ -159,11 +238,18 @@ class TfidfSentimentReward:
         return float("nan") if self.meta["accuracy"] is None else float(self.meta["accuracy"])
 
     def __call__(self, texts: list[str]) -> list[float]:
-        """Texts (query + response) → logistic-regression logits of the positive class, one float per text."""
+        """Texts (query + response) → the positive class's logit (or its bound), one float per text."""
+        logits = self.logits(texts)
+        if self.bound == "probability":
+            return sigmoid(logits).tolist()
+        return (clip_above(logits, self.ceiling) if self.bound == "clip" else logits).tolist()
+
+    def logits(self, texts: list[str]) -> np.ndarray:
+        """The logistic regression's decision function: log-odds of a positive review, whatever `bound` says."""
         counts = self._counter.transform(texts)  # [N, V] sparse float64
         counts.data = np.log(counts.data) + 1.0  # sublinear tf, as TfidfTransformer(sublinear_tf=True)
         features = normalize(counts @ self._idf, norm="l2")
-        return (features @ self._coef + self._intercept).tolist()
+        return np.asarray(features @ self._coef + self._intercept, dtype=np.float64)
 
 
 def _file_digest(path: str) -> str:
@@ -247,6 +333,6 @@ def _train_and_save(path: Path, data_files: str, seed: int, max_rows: int | None
 def _scorer_from(folder: Path) -> TfidfSentimentReward:
     # Build the reward from a cache folder without recomputing its name (the self-check above).
     reward = TfidfSentimentReward.__new__(TfidfSentimentReward)
-    reward.path = folder
+    reward.path, reward.bound, reward.ceiling = folder, "none", None
     reward._load(folder)
     return reward

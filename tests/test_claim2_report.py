@@ -1,0 +1,376 @@
+"""The second IMDB claim study's pre-registered analysis (`scripts/claim2_report.py`) on hand-made curves with
+hand-computed values: the first-crossing interpolation behind reward at matched KL and KL at saturated reward, the
+saturation gate, the t intervals (a geometric one for KL ratios), the seed count, the verdict rules and the reading
+across comparisons, the learning-rate pilot's rule, the KL coefficients and the cost; and that the numbers
+docs/results.md states for the sizing are what `plan` computes from the committed files of the first study."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("claim2_report", REPO / "scripts" / "claim2_report.py")
+claim2 = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(claim2)
+
+T_975 = {1: 12.706204736174703, 2: 4.302652729911275, 7: 2.3646242510102993}  # Student t 97.5 % quantiles
+
+
+def pts(*pairs: tuple[float, float]) -> list[dict]:
+    """A held-out curve from (reward, kl) pairs, evaluations every 10 iterations."""
+    return [{"iteration": 10 * i, "reward": r, "kl": k} for i, (r, k) in enumerate(pairs)]
+
+
+def test_first_crossing_interpolates_at_the_first_pass_only() -> None:
+    xs, ys = [0.0, 1.0, 3.0], [0.5, 0.6, 0.9]
+    assert claim2.first_crossing(xs, ys, 2.0) == pytest.approx(0.75)  # halfway from (1, 0.6) to (3, 0.9)
+    assert claim2.first_crossing(xs, ys, 3.0) == pytest.approx(0.9)
+    assert claim2.first_crossing(xs, ys, 0.0) == 0.5  # reached at the start
+    assert math.isnan(claim2.first_crossing(xs, ys, 3.5))  # never reached
+    # x goes up past the level, back down, and up again: only the first pass counts
+    assert claim2.first_crossing([0.0, 2.5, 1.5, 3.0], [0.0, 1.0, 0.2, 0.4], 2.0) == pytest.approx(0.8)
+
+
+def test_reward_at_kl_kl_at_reward_and_the_gate() -> None:
+    c = pts((0.55, 0.0), (0.70, 1.0), (0.85, 3.0), (0.92, 4.0), (0.95, 5.0), (0.91, 6.0))
+    assert claim2.reward_at_kl(c, 2.0) == pytest.approx(0.775)  # 0.70 + ½·0.15
+    assert claim2.reward_at_kl(c, 4.0) == pytest.approx(0.92)
+    assert claim2.kl_at_reward(c, 0.9) == pytest.approx(3.0 + 5 / 7)  # 0.85 → 0.92 over 3 → 4 nats
+    assert claim2.SATURATED == pytest.approx(0.9) and claim2.LAST == 3
+    assert claim2.saturated(c)  # 0.92, 0.95, 0.91
+    assert not claim2.saturated(c[:-1] + [{"iteration": 50, "reward": 0.89, "kl": 6.0}])
+    assert not claim2.saturated(c[:2])
+
+
+def test_t_intervals_and_the_geometric_one() -> None:
+    mean, low, high = claim2.t_interval([1.0, 2.0, 3.0])  # sd 1
+    half = T_975[2] / math.sqrt(3)
+    assert (mean, low, high) == pytest.approx((2.0, 2.0 - half, 2.0 + half))
+    assert all(math.isnan(v) for v in claim2.t_interval([1.0])[1:])
+    # logs −ln 4, −ln 2, 0: mean −ln 2 (geometric mean ½), sd ln 2
+    gm, low, high = claim2.ratio_interval([0.25, 0.5, 1.0])
+    half = T_975[2] * math.log(2) / math.sqrt(3)
+    assert (gm, low, high) == pytest.approx((0.5, math.exp(-math.log(2) - half), math.exp(-math.log(2) + half)))
+
+
+def test_seeds_needed() -> None:
+    # sd 1, half-width 1: t(n−1)/√n is 1.049 at n = 6 and 0.925 at n = 7
+    assert claim2.seeds_needed(1.0, 1.0) == 7
+    # the first study's paired s.d. 0.12 (logits) for ±0.1: 2.365·0.12/√8 = 0.1003 misses, 2.306·0.12/3 = 0.092
+    assert claim2.seeds_needed(0.12, 0.1) == 9
+    assert T_975[7] * 0.1116 / math.sqrt(8) < 0.1 and claim2.seeds_needed(0.1116, 0.1) == 8
+
+
+@pytest.mark.parametrize(
+    "low, high, reward, ratio",
+    [
+        (0.01, 0.05, "holds", "holds"),  # above 0 / below ½
+        (-0.05, 0.015, "does not hold", "holds"),  # below +δ = 0.02
+        (-0.01, 0.03, "undecided", "holds"),
+        (0.51, 0.9, "holds", "does not hold"),
+        (0.3, 0.7, "holds", "undecided"),
+        (math.nan, math.nan, "undecided", "undecided"),
+    ],
+)
+def test_verdict_rules(low: float, high: float, reward: str, ratio: str) -> None:
+    assert claim2.MARGIN == 0.02 and claim2.KL_RATIO == 0.5
+    assert claim2.verdict_reward(low, high) == reward
+    assert claim2.verdict_ratio(low, high) == ratio
+
+
+def _write(results: Path, arm: str, seed: int, curve: list[dict], llm2: list[dict] | None = None) -> None:
+    folder = results / f"experiment={claim2.ARMS[arm]}" / f"seed={seed}"
+    folder.mkdir(parents=True)
+    rows = []
+    for i, p in enumerate(curve):
+        row = {"iteration": p["iteration"], "eval/llm1/task_reward": p["reward"], "eval/llm1/kl": p["kl"]}
+        if llm2 is not None:
+            row |= {"eval/llm2/task_reward": llm2[i]["reward"], "eval/llm2/kl": llm2[i]["kl"]}
+        rows += [row, {"iteration": p["iteration"], "train/llm1/kl": 0.0, "time/iteration_s": 2.0}]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "summary.json").write_text(json.dumps({"completed": True, "wall_time_s": 100.0}))
+
+
+def test_a_comparison_on_hand_made_seeds(tmp_path: Path) -> None:
+    """8 seeds; PPO reaches 0.9 at 4 nats, CORY at 2 + 0.1·s nats (ratios 0.5 … 0.675); at KL 2 PPO's reward is
+    0.725 and CORY's 0.55 + 0.35·2/(2 + 0.1·s); seed 7's PPO run falls back and is not saturated; CORY's KL reaches
+    4 nats only in seeds 5–7."""
+    ppo = pts((0.55, 0.0), (0.725, 2.0), (0.9, 4.0), (0.93, 5.0), (0.94, 6.0))
+    for seed in range(8):
+        cory_kl = 2.0 + 0.1 * seed
+        cory = pts((0.55, 0.0), (0.9, cory_kl), (0.95, cory_kl + 0.5), (0.95, cory_kl + 1), (0.96, cory_kl + 1.5))
+        _write(tmp_path, "cory", seed, cory)
+        _write(tmp_path, "ppo", seed, ppo if seed < 7 else ppo[:-1] + [{"iteration": 40, "reward": 0.8, "kl": 6.0}])
+    runs = claim2.load_runs(tmp_path)
+    c = claim2.compare(runs, "cory", "ppo")
+    assert c["n"] == 8 and c["saturated_seeds"] == 7 and c["gate"]
+    seed0 = c["seeds"][0]
+    assert seed0["kl_at_saturated"] == pytest.approx({"cory": 2.0, "ppo": 4.0}) and seed0["kl_ratio"] == 0.5
+    # CORY at KL 2 for seed s: on the leg (0, 0.55) → (2 + 0.1 s, 0.9)
+    for s in c["seeds"]:
+        expected = 0.55 + 2.0 / (2.0 + 0.1 * s["seed"]) * 0.35
+        assert s["reward_at_kl"]["2.0"]["diff"] == pytest.approx(expected - 0.725)
+    ratios = [(2.0 + 0.1 * s) / 4.0 for s in range(7)]  # the saturated seeds only
+    gm, low, high = claim2.ratio_interval(ratios)
+    assert c["kl_ratio"]["n"] == 7 and c["kl_ratio"]["geometric_mean"] == pytest.approx(gm)
+    assert c["kl_ratio"]["ci95"] == pytest.approx([low, high])
+    assert low > 0.5 and c["kl_ratio"]["verdict"] == "does not hold"
+    assert c["reward_at_kl"]["2.0"]["verdict"] == "holds"  # CORY higher at matched KL in every seed
+    assert c["reward_at_kl"]["4.0"]["n"] == 3 and c["reward_at_kl"]["4.0"]["verdict"] == "undecided"  # < 6 seeds
+
+
+def test_an_ungated_comparison_is_undecided_whatever_its_numbers(tmp_path: Path) -> None:
+    ppo = pts((0.55, 0.0), (0.9, 4.0), (0.8, 5.0), (0.8, 6.0), (0.8, 7.0))  # reaches 0.9, then falls back
+    cory = pts((0.55, 0.0), (0.9, 1.0), (0.95, 1.2), (0.95, 1.3), (0.95, 1.4))
+    for seed in range(8):
+        _write(tmp_path, "cory", seed, cory)
+        _write(tmp_path, "ppo", seed, ppo)
+    c = claim2.compare(claim2.load_runs(tmp_path), "cory", "ppo")
+    assert c["saturated_seeds"] == 0 and not c["gate"] and c["kl_ratio"]["verdict"] == "undecided"
+
+
+def _comparison(ratio_ci: tuple[float, float], ratio_verdict: str, reward_verdict: str, gate: bool = True) -> dict:
+    return {
+        "gate": gate,
+        "kl_ratio": {"ci95": list(ratio_ci), "verdict": ratio_verdict},
+        "reward_at_kl": {str(claim2.PRIMARY_KL): {"verdict": reward_verdict}},
+    }
+
+
+@pytest.mark.parametrize(
+    "main, released, priced, normalisation",
+    [
+        # a gap with normalisation, none without, and a PPO at the same KL price does as well
+        (("does not hold",), ((0.3, 0.6), "undecided"), "does not hold", "the normalisation explains it"),
+        # released CORY beats the priced PPO at matched KL: more than the price
+        (("does not hold",), ((0.3, 0.6), "undecided"), "holds", "cooperation adds to it"),
+        # no gap in the released setting
+        (("does not hold",), ((0.7, 1.2), "does not hold"), "does not hold", "no gap to explain"),
+        # the paper's claim holds without normalisation: not the normalisation's doing alone
+        (("holds",), ((0.3, 0.45), "holds"), "does not hold", "undecided"),
+        (("does not hold",), ((0.3, 0.6), "undecided"), "undecided", "undecided"),
+    ],
+)
+def test_readings_across_comparisons(main, released, priced, normalisation) -> None:
+    comparisons = {
+        "main": _comparison((0.0, 0.0), main[0], "undecided"),
+        "released": _comparison(*released, "undecided"),
+        "priced": _comparison((0.9, 1.1), "undecided", priced),
+    }
+    r = claim2.readings(comparisons)
+    assert r == {"paper_claim": main[0], "normalisation": normalisation}
+    comparisons["released"]["gate"] = False
+    assert claim2.readings(comparisons)["normalisation"] == "undecided"
+
+
+def test_the_learning_rate_rule() -> None:
+    rises = pts((0.55, 0), (0.6, 1), (0.66, 2))  # +0.11, steady
+    flat = pts((0.55, 0), (0.57, 1), (0.58, 2))  # +0.03 only
+    collapses = pts((0.55, 0), (0.8, 3), (0.6, 9))  # +0.05 overall, but a fall of 0.2
+    pilot = {
+        1e-5: {"ppo": flat, "cory": rises},
+        3e-5: {"ppo": rises, "cory": rises},
+        1e-4: {"ppo": rises, "cory": collapses},
+    }
+    assert claim2.choose_learning_rate(pilot) == 3e-5
+    assert claim2.choose_learning_rate({1e-5: {"ppo": flat}, 3e-5: {"ppo": collapses}}) == 1e-5  # none: smallest
+
+
+def test_the_pilot_command_reads_the_sweep_folders_and_applies_the_rule(tmp_path: Path, capsys) -> None:
+    rises, collapses = pts((0.55, 0), (0.6, 1), (0.66, 2)), pts((0.55, 0), (0.8, 3), (0.6, 9))
+    for lr, cory in (("1e-5", rises), ("3e-5", rises), ("1e-4", collapses)):
+        for experiment, c in (("imdb_claim2_ppo", rises), ("imdb_claim2_cory", cory)):
+            folder = tmp_path / f"algorithm.agent.learning_rate={lr},experiment={experiment}" / "seed=100"
+            folder.mkdir(parents=True)
+            rows = [
+                {"iteration": p["iteration"], "eval/llm1/task_reward": p["reward"], "eval/llm1/kl": p["kl"]} for p in c
+            ]
+            (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            (folder / "summary.json").write_text(json.dumps({"completed": True}))
+    assert claim2.pilot_curves(tmp_path)[3e-5] == {"imdb_claim2_ppo": rises, "imdb_claim2_cory": rises}
+    assert claim2.main(["pilot", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip() == "learning rate by the pilot's rule: 3e-05"
+    (
+        tmp_path / "algorithm.agent.learning_rate=1e-4,experiment=imdb_claim2_cory" / "seed=100" / "summary.json"
+    ).write_text(json.dumps({"completed": False}))
+    assert claim2.main(["pilot", str(tmp_path)]) == 2  # a stopped run: the rule waits for the whole pilot
+    assert capsys.readouterr().out.startswith("error: the pilot is not finished")
+
+
+def test_betas_by_hand() -> None:
+    b = claim2.betas({"std_r1": 1.14, "std_r1_plus_r2": 2.05}, {"std_r1": 0.25, "std_r1_plus_r2": 0.45})
+    assert b["main"] == pytest.approx(0.3 * 0.25 / 1.14)  # 0.0658
+    assert b["priced"] == pytest.approx(0.18) and b["priced_logit"] == pytest.approx(0.82)
+
+
+def test_sigmoid_slope_against_quadrature() -> None:
+    from scipy import integrate, stats
+
+    def exact(mean: float, sd: float) -> float:
+        f = lambda r: stats.norm.pdf(r, mean, sd) * math.exp(-r) / (1 + math.exp(-r)) ** 2  # noqa: E731
+        return integrate.quad(f, mean - 12 * sd, mean + 12 * sd)[0]
+
+    assert claim2.sigmoid_slope(0.0, 1e-6) == pytest.approx(0.25)  # σ'(0) = ¼
+    for mean, sd in ((0.0, 1.0), (0.8, 1.14), (-1.0, 2.0)):
+        assert claim2.sigmoid_slope(mean, sd) == pytest.approx(exact(mean, sd), abs=1e-6)
+
+
+def test_run_cost_and_projection_by_hand(tmp_path: Path) -> None:
+    """Two PPO runs of 3 iterations (2 s each) and 3 evaluations in 100 s of wall time: (100 − 6)/3 s per
+    evaluation."""
+    for seed in (0, 1):
+        folder = tmp_path / "experiment=imdb_claim_ppo" / f"seed={seed}"
+        folder.mkdir(parents=True)
+        rows = []
+        for i in range(3):
+            rows += [{"iteration": i, "eval/llm1/task_reward": 0.5}, {"iteration": i, "time/iteration_s": 2.0}]
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (folder / "summary.json").write_text(json.dumps({"completed": True, "wall_time_s": 100.0}))
+    cost = claim2.run_cost(tmp_path)["imdb_claim_ppo"]
+    assert cost == pytest.approx({"iteration_s": 2.0, "evaluation_s": 94 / 3, "runs": 2, "wall_h": 200 / 3600})
+    fake = {k: {"iteration_s": 36.0, "evaluation_s": 360.0} for k in ("imdb_claim_ppo", "imdb_claim_cory")}
+    fake["imdb_claim_cory_released"] = {"iteration_s": 72.0, "evaluation_s": 720.0}
+    p = claim2.projected_hours(fake, seeds=2, iterations=100, every=10)  # 100 iterations, 11 evaluations
+    assert p["per_run_h"]["ppo"] == pytest.approx((3600 + 3960) / 3600)
+    assert p["per_run_h"]["released"] == pytest.approx((7200 + 7920) / 3600)
+    assert p["total_h"] == pytest.approx(2 * (3 * 2.1 + 4.2))
+
+
+def test_unsaturated_lists_the_runs_the_rule_continues(tmp_path: Path) -> None:
+    _write(tmp_path, "ppo", 0, pts((0.5, 0), (0.91, 1), (0.92, 2), (0.93, 3)))  # saturated
+    _write(tmp_path, "cory", 0, pts((0.5, 0), (0.8, 1), (0.85, 2), (0.88, 3)))  # not
+    long = [{"iteration": 200, "reward": 0.8, "kl": 9.0}]
+    _write(tmp_path, "released", 0, pts((0.5, 0), (0.8, 1), (0.85, 2)) + long)  # not, but already at 200
+    assert claim2.unsaturated(tmp_path) == ["experiment=imdb_claim2_cory/seed=0"]
+
+
+def test_report_command_writes_its_files_and_refuses_an_empty_folder(tmp_path: Path, capsys) -> None:
+    assert claim2.main(["report", str(tmp_path / "none"), "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().out.startswith("error: no run results under")
+    c = pts((0.5, 0), (0.91, 1), (0.92, 2), (0.93, 3))
+    for arm in claim2.ARMS:
+        _write(tmp_path / "results", arm, 0, c, llm2=c)
+    assert claim2.main(["report", str(tmp_path / "results"), "--out", str(tmp_path / "out")]) == 0
+    written = json.loads((tmp_path / "out" / "claim2.json").read_text())
+    assert written["comparisons"]["main"]["n"] == 1 and written["readings"]["paper_claim"] == "undecided"
+    assert (tmp_path / "out" / "claim2.png").stat().st_size > 0
+    assert "(b) KL ratio at reward 0.9" in (tmp_path / "out" / "claim2.md").read_text()
+
+
+def test_the_preregistered_sizing_is_what_plan_computes_from_the_committed_files() -> None:
+    """docs/results.md's numbers for the second study, recomputed from outputs/claim/ and outputs/claim2/."""
+    plan = claim2.plan(
+        REPO / "outputs/claim/results",
+        REPO / "outputs/claim/reward_spread.json",
+        REPO / "outputs/claim2/reward_spread_probability.json",
+    )
+    text = (REPO / "docs/results.md").read_text()
+    section = text[text.index("## Pre-registration 2") :]
+    sd = plan["paired_sd_logit"]
+    for value in (f"{sd['1.0']:.3f}", f"{sd['2.0']:.3f}", f"{sd['4.0']:.3f}", f"{plan['sigmoid_slope']:.3f}"):
+        assert value in section
+    assert f"{plan['paired_sd_probability']:.4f}" in section
+    assert f"{plan['seeds_for_margin']} seeds" in section and f"{plan['seeds_for_0.1_logit']} seeds" in section
+    b = plan["betas"]
+    assert f"{b['main']:.3f}" in section and f"{b['priced']:.3f}" in section and f"{b['priced_logit']:.2f}" in section
+    cost = plan["cost"]
+    for exp in ("imdb_claim_ppo", "imdb_claim_cory", "imdb_claim_cory_released"):
+        assert f"{cost[exp]['iteration_s']:.0f} s" in section and f"{cost[exp]['evaluation_s']:.0f} s" in section
+    assert f"{plan['projected']['total_h']:.0f} CPU-hours" in section
+    total = sum(c["wall_h"] for c in cost.values())
+    assert f"{total:.1f} run-hours" in text
+
+
+# ------------------------------------------------------------------------------------------------- the driver
+def _repo_with_the_driver(tmp_path: Path) -> Path:
+    """A git repository holding the study's driver and report, as the real one does (`scripts/`)."""
+    import shutil
+    import subprocess
+
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    for name in ("reproduce_claim2.sh", "claim2_report.py", "run_sweep.py"):
+        shutil.copy(REPO / "scripts" / name, repo / "scripts" / name)
+    for args in (["init", "-q"], ["config", "user.email", "t@t"], ["config", "user.name", "t"]):
+        subprocess.run(["git", *args], cwd=repo, check=True)
+    return repo
+
+
+def _driver(repo: Path, *args: str, **env: str):
+    import os
+    import subprocess
+    import sys
+
+    env = os.environ | {"PY": sys.executable, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"} | env
+    return subprocess.run(["bash", "scripts/reproduce_claim2.sh", *args], cwd=repo, env=env, capture_output=True,
+                          text=True, timeout=1800)  # fmt: skip
+
+
+def test_the_driver_reports_refuses_unknown_steps_and_will_not_extend_a_lost_run(tmp_path: Path) -> None:
+    repo = _repo_with_the_driver(tmp_path)
+    out = _driver(repo, "bogus")
+    assert (
+        out.returncode == 2
+        and out.stdout.strip() == "error: unknown step 'bogus'; expected pilot, study, extend or report"
+    )
+    results = repo / "outputs" / "claim2" / "results"
+    for arm in claim2.ARMS:
+        _write(results, arm, 0, pts((0.5, 0), (0.91, 1), (0.92, 2), (0.93, 3)))
+    out = _driver(repo, "report")
+    assert out.returncode == 0, out.stderr
+    assert (repo / "outputs" / "claim2" / "claim2.md").is_file() and "### main" in out.stdout
+    _write(results, "cory", 1, pts((0.5, 0), (0.7, 1), (0.8, 2)))  # unsaturated at 100: the rule extends it …
+    out = _driver(repo, "extend")  # … but its run folder (with the checkpoint) is not on this machine
+    assert out.returncode == 2
+    assert (
+        out.stdout.strip()
+        == "error: outputs/claim2/runs/experiment=imdb_claim2_cory/seed=1 is gone; run the study on this machine first"
+    )
+
+
+@pytest.mark.long
+@pytest.mark.slow
+def test_the_driver_runs_the_study_resumably_and_commits_each_finished_run(tmp_path: Path) -> None:
+    """`study` on the tiny model, one seed, 2 iterations: four runs, their small files committed, nothing else."""
+    import subprocess
+
+    repo = _repo_with_the_driver(tmp_path)
+    tiny = ["seed=0", "iterations=2", "model=tiny_gpt2", "batch_size=4", "algorithm.agent.mini_batch_size=4",
+            "num_eval=4", "task.num_eval=8", "eval_every=1", "save_every=1"]  # fmt: skip
+    out = _driver(repo, "study", *tiny, CORY_CACHE=str(tmp_path / "cache"))
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    log = subprocess.run(["git", "log", "--format=%s", "--name-only"], cwd=repo, capture_output=True, text=True).stdout
+    committed = {line for line in log.splitlines() if line.startswith("outputs/")}
+    for experiment in claim2.ARMS.values():
+        for name in ("metrics.jsonl", "summary.json", "run_config.yaml", "overrides.yaml"):
+            assert f"outputs/claim2/results/experiment={experiment}/seed=0/{name}" in committed
+    assert all(line.startswith("outputs/claim2/results/") for line in committed)  # no run folder, no checkpoint
+    assert "Second IMDB claim study: finished" in log
+    again = _driver(repo, "study", *tiny, CORY_CACHE=str(tmp_path / "cache"))  # everything finished: nothing to do
+    assert again.returncode == 0 and "4 jobs, 0 to run" in again.stdout
+
+
+def test_the_arms_configs_hold_the_coefficients_the_committed_spreads_give() -> None:
+    from helpers.compose import compose_cfg
+
+    b = claim2.betas(
+        json.loads((REPO / "outputs/claim/reward_spread.json").read_text()),
+        json.loads((REPO / "outputs/claim2/reward_spread_probability.json").read_text()),
+    )
+    beta = {arm: compose_cfg([f"experiment={exp}"]).algorithm.agent.init_kl_coef for arm, exp in claim2.ARMS.items()}
+    assert beta == {"ppo": round(b["main"], 3), "cory": round(b["main"], 3), "released": 0.4,
+                    "priced": round(b["priced"], 3)}  # fmt: skip
+    for exp in claim2.ARMS.values():
+        cfg = compose_cfg([f"experiment={exp}"])
+        assert cfg.task.reward.bound == "probability" and not cfg.algorithm.agent.adaptive_kl
+        assert (cfg.eval_every, cfg.iterations, cfg.batch_size, cfg.num_eval) == (10, 100, 32, 512)
+        released = exp == "imdb_claim2_cory_released"
+        assert cfg.algorithm.agent.use_score_norm == released == cfg.algorithm.agent.use_score_scaling
+        assert cfg.algorithm.get("faithful_official_swap", False) == released
+    rates = {compose_cfg([f"experiment={exp}"]).algorithm.agent.learning_rate for exp in claim2.ARMS.values()}
+    assert len(rates) == 1  # one learning rate for every arm

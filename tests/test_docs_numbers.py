@@ -1,0 +1,189 @@
+"""The numbers README.md and docs/*.md state about finished runs are the committed files' numbers.
+
+Each check recomputes a printed number from the small files under `outputs/` (run summaries, metrics, study
+tables) and asserts that the page prints it as rounded: the claim study's cost and code commits, the family sweeps'
+means, interval counts and wall times, the GSM8K CPU runs, MAFT's wall times and the default experiment's runs
+(`outputs/quickstart/`). The study tables themselves are checked in tests/test_family_report.py and
+tests/test_claim2_report.py, MAFT's accuracies in tests/test_maft.py.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+OUT = REPO / "outputs"
+
+
+def page(name: str) -> str:
+    return " ".join((REPO / name).read_text().split())  # one line: a number may sit across a line break
+
+
+def summaries(folder: Path) -> dict[str, dict]:
+    """`<experiment or algorithm>/<seed>` → summary.json of every run under a study's results folder."""
+    files = folder.glob("*/*/summary.json")
+    return {f"{p.parent.parent.name}/{p.parent.name}": json.loads(p.read_text()) for p in files}
+
+
+def iteration_medians(folder: Path) -> dict[str, float]:
+    out = {}
+    for metrics in folder.glob("*/*/metrics.jsonl"):
+        rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+        times = [r["time/iteration_s"] for r in rows if "time/iteration_s" in r]
+        out[f"{metrics.parent.parent.name}/{metrics.parent.name}"] = statistics.median(times)
+    return out
+
+
+def span(values, digits: int = 0, unit: str = "") -> str:
+    """`low–high` as the pages print a range (an en dash, rounded)."""
+    return f"{min(values):.{digits}f}–{max(values):.{digits}f}{unit}"
+
+
+# ------------------------------------------------------------------------------------------------- claim study
+def test_the_claim_studys_cost_and_commits() -> None:
+    runs = summaries(OUT / "claim" / "results")
+    assert len(runs) == 9
+    hours = {exp: sum(r["wall_time_s"] for k, r in runs.items() if k.startswith(f"experiment={exp}/")) / 3600
+             for exp in ("imdb_claim_ppo", "imdb_claim_cory", "imdb_claim_cory_released")}  # fmt: skip
+    total = sum(hours.values())
+    results, readme = page("docs/results.md"), page("README.md")
+    assert f"{total:.1f} run-hours" in readme
+    assert (
+        f"sum to {total:.1f} run-hours (PPO {hours['imdb_claim_ppo']:.1f}, arm A {hours['imdb_claim_cory']:.1f}, "
+        f"arm B {hours['imdb_claim_cory_released']:.1f})" in results
+    )
+    cory = [r["wall_time_s"] / 3600 for k, r in runs.items() if "cory" in k]
+    ppo = [r["wall_time_s"] / 3600 for k, r in runs.items() if "ppo" in k]
+    assert f"{span(cory, 1)} hours per CORY run and {span(ppo, 1)} per PPO run" in results
+    medians = iteration_medians(OUT / "claim" / "results")
+    per_arm = {
+        exp: statistics.median(
+            t
+            for metrics in (OUT / "claim" / "results" / f"experiment={exp}").glob("*/metrics.jsonl")
+            for t in (json.loads(line).get("time/iteration_s") for line in metrics.read_text().splitlines())
+            if t is not None
+        )
+        for exp in ("imdb_claim_cory", "imdb_claim_cory_released", "imdb_claim_ppo")
+    }
+    assert medians  # every run logged its iteration times
+    a, b, p = (f"{per_arm[e]:.0f} s" for e in ("imdb_claim_cory", "imdb_claim_cory_released", "imdb_claim_ppo"))
+    assert f"median of {a[:-2]} s, {b[:-2]} s and {p} per iteration" in results
+    # the seven commits the runs record, each named with its runs
+    shas = {r["git_sha"][:7] for r in runs.values()}
+    assert len(shas) == 7 and all(f"`{sha}`" in results for sha in shas)
+    assert "faithful_official_swap=false" in results
+
+
+# ------------------------------------------------------------------------------------------------ family sweeps
+def _intervals(family: Path) -> tuple[int, int]:
+    """(intervals, intervals excluding zero) over both difference tables of a family report."""
+    total = excluding = 0
+    for against in json.loads(family.read_text())["differences"].values():
+        for agents in against.values():
+            for columns in agents.values():
+                for cell in columns.values():
+                    if cell is not None:
+                        total += 1
+                        excluding += cell["ci95"][0] > 0 or cell["ci95"][1] < 0
+    return total, excluding
+
+
+def test_the_family_interval_counts() -> None:
+    gpu, cpu = _intervals(OUT / "family" / "family.json"), _intervals(OUT / "family_cpu" / "family.json")
+    assert gpu == (26, 2) and cpu == (52, 2)
+    readme, results = page("README.md"), page("docs/results.md")
+    assert "2 of 26 intervals on the GPU and 2 of 52 on the CPU exclude zero" in readme
+    assert "Of the 26 intervals in the two difference tables, two exclude zero" in results
+    assert "of the 52 intervals in the two difference tables, two exclude zero" in results
+
+
+def _mean(family: str, algorithm: str, agent: str, column: str) -> float:
+    data = json.loads((OUT / family / "family.json").read_text())
+    return data["algorithms"][algorithm]["agents"][agent][column]["mean"]
+
+
+def test_the_readme_rows_are_the_three_seed_means() -> None:
+    readme = page("README.md")
+    m = lambda *key: _mean("family_cpu", *key)  # noqa: E731
+    assert (
+        f"held-out accuracy {m('cory', 'llm1', 'accuracy'):.3f} / {m('cory', 'llm2', 'accuracy'):.3f} against "
+        f"{m('ppo', 'llm1', 'accuracy'):.3f}, KL {m('cory', 'llm1', 'kl'):.2f} / {m('cory', 'llm2', 'kl'):.2f} "
+        f"against {m('ppo', 'llm1', 'kl'):.2f} nats" in readme
+    )
+    assert (
+        f"CORY below PPO at pass@1 ({m('cory', 'llm1', 'pass@1'):.3f} / {m('cory', 'llm2', 'pass@1'):.3f} against "
+        f"{m('ppo', 'llm1', 'pass@1'):.3f}), above it at pass@16 ({m('cory', 'llm1', 'pass@16'):.3f} / "
+        f"{m('cory', 'llm2', 'pass@16'):.3f} against {m('ppo', 'llm1', 'pass@16'):.3f})" in readme
+    )
+    base = {seed["pass@16"] for seed in json.loads((OUT / "family_cpu" / "family.json").read_text())["base"].values()}
+    (base16,) = base  # one evaluation of the base model, the same for every seed
+    assert f"below the base model's {base16:.3f} there" in readme
+    g = lambda *key: _mean("family", *key)  # noqa: E731
+    assert (
+        f"GPU: GRPO and shared-policy CORY {g('grpo', 'llm1', 'accuracy'):.2f}, "
+        f"PPO {g('ppo', 'llm1', 'accuracy'):.2f}, "
+        f"CORY {g('cory', 'llm1', 'accuracy'):.2f} / {g('cory', 'llm2', 'accuracy'):.2f}, CORY with a centralised "
+        f"critic {g('cory_cc', 'llm1', 'accuracy'):.2f} / {g('cory_cc', 'llm2', 'accuracy'):.2f}" in readme
+    )
+    assert f"{g('cory_shared', 'llm1', 'accuracy'):.2f}" == f"{g('grpo', 'llm1', 'accuracy'):.2f}"
+    assert (
+        f"CPU, all 18 runs with pass@k: CORY {m('cory', 'llm1', 'accuracy'):.2f} / "
+        f"{m('cory', 'llm2', 'accuracy'):.2f} "
+        f"against PPO's {m('ppo', 'llm1', 'accuracy'):.2f}, shared policy {m('cory_shared', 'llm1', 'accuracy'):.2f}"
+        in readme
+    )
+
+
+def test_the_family_sweeps_wall_times() -> None:
+    runs = summaries(OUT / "family_cpu" / "results")
+    medians = iteration_medians(OUT / "family_cpu" / "results")
+    results, readme = page("docs/results.md"), page("README.md")
+    light = [k for k in runs if k.split("/")[0] in ("algorithm=ppo", "algorithm=grpo")]
+    alone = [k for k in light if not k.endswith("seed=0")]  # seed 0 ran beside MAFT
+    assert f"a median of {span([medians[k] for k in alone])} s per iteration" in results
+    assert f"`wall_time_s` {span([runs[k]['wall_time_s'] for k in alone])} s" in results
+    assert f"(seed 0, {span([medians[k] for k in light if k.endswith('seed=0')])} s per iteration)" in results
+    for algorithm in ("cory", "cory_cc", "cory_interleaved", "cory_shared"):
+        walls = [r["wall_time_s"] for k, r in runs.items() if k.split("/")[0] == f"algorithm={algorithm}"]
+        assert f"{span(walls)} s" in results, algorithm
+    later = [r["wall_time_s"] for k, r in runs.items() if "cory" in k and not k.endswith("seed=0")]
+    assert f"their training wall times sum to {sum(later) / 3600:.1f} run-hours" in results
+    ppo = [runs[f"algorithm=ppo/seed={s}"]["wall_time_s"] / 60 for s in range(3)]
+    cory = [runs[f"algorithm=cory/seed={s}"]["wall_time_s"] / 60 for s in range(3)]
+    assert f"{span(ppo)} min (PPO) and {span(cory)} min (CORY) per run" in readme
+
+
+# ------------------------------------------------------------------------------------------- GSM8K CPU and MAFT
+def test_gsm8k_cpu_pages() -> None:
+    gsm8k = page("docs/gsm8k.md")
+    cory = json.loads((OUT / "gsm8k_cpu" / "cory_summary.json").read_text())
+    ppo = json.loads((OUT / "gsm8k_cpu" / "ppo_summary.json").read_text())
+    assert f"the CORY run took {cory['wall_time_s'] / 60:.0f} minutes" in gsm8k
+    assert f"`wall_time_s` ({ppo['wall_time_s']:.0f} s)" in gsm8k
+    for run, agents in (("PPO", ppo["agents"]), ("CORY", cory["agents"])):
+        for agent, final in agents.items():
+            assert f"**{final['task_reward']:.3f}**" in gsm8k and f"**{final['kl']:.2f}**" in gsm8k, (run, agent)
+    m = lambda *key: _mean("family_cpu", *key)  # noqa: E731
+    assert (
+        f"held-out accuracy {m('cory', 'llm1', 'accuracy'):.3f} and {m('cory', 'llm2', 'accuracy'):.3f} against "
+        f"{m('ppo', 'llm1', 'accuracy'):.3f}" in gsm8k
+    )
+    assert "1,937" not in gsm8k and "6,164" not in gsm8k  # the memory numbers no committed file holds
+
+
+@pytest.mark.parametrize(
+    "summary, printed",
+    [
+        ("maft_cpu/maft_summary.json", "65 minutes on the 2-core machine"),
+        ("maft_cpu/single_ft_summary.json", "33 minutes, mostly alone"),
+        ("maft_cpu/results/maft/summary.json", "The re-runs took 44 and"),
+        ("maft_cpu/results/single_ft/summary.json", "The re-runs took 44 and 48 minutes"),
+    ],
+)
+def test_maft_wall_times(summary: str, printed: str) -> None:
+    minutes = round(json.loads((OUT / summary).read_text())["wall_time_s"] / 60)
+    assert printed in page("docs/maft.md") and f"{minutes}" in printed
