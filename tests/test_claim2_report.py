@@ -371,6 +371,6 @@ def test_the_arms_configs_hold_the_coefficients_the_committed_spreads_give() -> 
         assert (cfg.eval_every, cfg.iterations, cfg.batch_size, cfg.num_eval) == (10, 100, 32, 512)
         released = exp == "imdb_claim2_cory_released"
         assert cfg.algorithm.agent.use_score_norm == released == cfg.algorithm.agent.use_score_scaling
-        assert cfg.algorithm.get("faithful_official_swap", False) == released
+        assert cfg.algorithm.schedule.get("faithful_official_swap", False) == released
     rates = {compose_cfg([f"experiment={exp}"]).algorithm.agent.learning_rate for exp in claim2.ARMS.values()}
     assert len(rates) == 1  # one learning rate for every arm

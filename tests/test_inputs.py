@@ -31,16 +31,16 @@ from helpers.fakes import write_reviews_csv
 from helpers.runners import REPO, cli, env, finished_run, one_error_line, run_main, smoke, start_run
 
 import cory.models
+from cory.algorithms.schedules import Interleaved, RoleSwap, Sequential
 from cory.checkpoints import latest_checkpoint
 from cory.config import SAMPLING, declared_ranges, type_problem
 from cory.errors import AssetUnavailableError, ConfigError, entry_point
 from cory.maft.agents import GenerationSettings as Generation
 from cory.maft.sft import SFTSettings
-from cory.algorithms.schedules import Interleaved, RoleSwap, Sequential
 from cory.ppo.critics import CentralizedCritic
 from cory.ppo.estimators import GAE, GRPO, RLOO
-from cory.ppo.losses import ClippedPPO, ClippedPPOKLInLoss
 from cory.ppo.learner import PPOConfig
+from cory.ppo.losses import ClippedPPO, ClippedPPOKLInLoss
 from cory.settings import HardwareSettings, RunSettings
 from cory.tasks.rewards import TfidfSentimentReward
 from cory.train import train
@@ -390,7 +390,9 @@ DEGENERATE = {  # overrides → the one-line message starts with
     f"{A}.kl_horizon=0": f"{A}.kl_horizon=0: must be > 0",
     f"{A}.ppo_epochs=0": f"{A}.ppo_epochs=0: must be >= 1",
     f"{A}.gradient_accumulation_steps=0": f"{A}.gradient_accumulation_steps=0: must be >= 1",
-    "algorithm=grpo algorithm.advantage.group_size=1": "algorithm.advantage.group_size=1: must be >= 2 (a group baseline)",
+    "algorithm=grpo algorithm.advantage.group_size=1": (
+        "algorithm.advantage.group_size=1: must be >= 2 (a group baseline)"
+    ),
     "algorithm.advantage.gamma=1.5": "algorithm.advantage.gamma=1.5: must be in [0, 1]",
     "algorithm=cory algorithm.schedule.period=0": "algorithm.schedule.period=0: must be >= 1",
     "algorithm=cory_interleaved algorithm.schedule.period=0": "algorithm.schedule.period=0: must be >= 1",

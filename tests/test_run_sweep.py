@@ -105,7 +105,16 @@ def test_a_second_driver_on_the_same_sweep_is_refused(tmp_path, capsys):
 @pytest.mark.parametrize("flag", ["--jobs", "--threads"])
 def test_no_slot_or_thread_to_run_in_is_refused_in_one_line(tmp_path, flag):
     """`--jobs 0` would wait forever for a free slot: refused before anything is written."""
-    cmd = [sys.executable, "-m", "cory.studies.run_sweep", "--dir", str(tmp_path / "sweep"), flag, "0", "experiment=smoke"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "cory.studies.run_sweep",
+        "--dir",
+        str(tmp_path / "sweep"),
+        flag,
+        "0",
+        "experiment=smoke",
+    ]
     out = subprocess.run(cmd, cwd=REPO, env=_env(tmp_path), capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and out.stderr == f"error: {flag} 0: must be at least 1\n"
     assert not (tmp_path / "sweep").exists()
