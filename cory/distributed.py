@@ -15,6 +15,7 @@ samples (`mean`). Why gradients are reduced rather than the models wrapped in DD
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import socket
@@ -206,3 +207,4 @@ def close() -> None:
     while _SET_ENV:
         os.environ.pop(_SET_ENV.pop(), None)
     _STATE, _DEEPSPEED, _ENGINE = None, None, "accelerate"
+    gc.collect()  # free the groups' pending work while the interpreter is whole, not during its finalisation

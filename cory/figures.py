@@ -58,6 +58,7 @@ ALGORITHM_NAMES = {  # how figures name each `algorithm=` option (the config's f
     "cory_cc": "CORY + centralised critic",
     "cory_interleaved": "CORY interleaved",
     "cory_shared": "CORY shared policy",
+    "cory_shared_per_role": "CORY shared policy, per-role advantages",
     "cory_lora_roles": "CORY LoRA per role",
     "cory_grpo": "CORY with GRPO",
     "cory_rloo": "CORY with RLOO",
@@ -148,7 +149,9 @@ def _team_name(algorithm: Any) -> str | None:
     if not isinstance(episode, Mapping) or not episode.get("name"):
         return None
     parts = {k: _option(algorithm.get(k)) for k in ("critic", "advantage", "schedule", "layout", "credit")}
-    return team_name(episode["name"], len(episode.get("roles") or ()), **parts)
+    advantage = algorithm.get("advantage")
+    per_role = bool(advantage.get("per_role", False)) if isinstance(advantage, Mapping) else False
+    return team_name(episode["name"], len(episode.get("roles") or ()), **parts, per_role=per_role)
 
 
 def run_info(config: Mapping | None = None, summary: Mapping | None = None, overrides: Iterable[str] = ()) -> RunInfo:

@@ -57,12 +57,22 @@ def register_resolvers() -> None:
 ROLE_SWAPPING_EPISODES = ("cory", "cory_chain3")
 
 
-def team_name(episode: str, roles: int, critic: str, advantage: str, schedule: str, layout: str, credit: str) -> str:
+def team_name(
+    episode: str,
+    roles: int,
+    critic: str,
+    advantage: str,
+    schedule: str,
+    layout: str,
+    credit: str,
+    per_role: bool = False,
+) -> str:
     """The name of a policy-gradient team in summaries, W&B and figures, from its parts' option names
     (`cory/algorithms/team.py`): the episode's own name (`ppo`, `cory`, `team3`, …), `_cc` with a centralised critic,
     the advantage estimator when it is not GAE (with one role it replaces `ppo`: `grpo`, `rloo`), with several roles
     the layout and the schedule when they are not the episode's own (`cory_interleaved`, `cory_shared`,
-    `cory_lora_per_role`), and the credit rule when it is not the collective reward (`cory_counterfactual`)."""
+    `cory_lora_per_role`), `_per_role` when the estimator normalises each role apart (`cory_shared_per_role`), and the
+    credit rule when it is not the collective reward (`cory_counterfactual`)."""
     name = episode + ("_cc" if critic == "centralized" else "")
     if advantage != "gae":
         name = advantage if roles == 1 else f"{name}_{advantage}"
@@ -72,6 +82,8 @@ def team_name(episode: str, roles: int, critic: str, advantage: str, schedule: s
             name += f"_{layout}" + ("" if schedule == "simultaneous" else f"_{schedule}")
         elif schedule != home:
             name += f"_{schedule}"
+    if per_role and roles > 1:
+        name += "_per_role"
     if credit != "collective":
         name += f"_{credit}"
     return name

@@ -308,7 +308,7 @@ class Trainer:
                 self.s.keep_checkpoints,
                 torch_rng=torch_rng if len(streams) > 1 else None,
             )
-            if not self.stop_requested:  # a stopping run exits at once; its next start's checkpoints go to W&B
+            if not self.signals.requested:  # a stopping run exits at once; its next start's checkpoints go to W&B
                 self.logger.log_checkpoint(final, self.iteration)
         elif distributed.sharded():  # ZeRO: the Adam state is in pieces, every process takes part in gathering it
             with tempfile.TemporaryDirectory() as scratch:  # what another process writes is not kept

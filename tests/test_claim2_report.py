@@ -294,7 +294,7 @@ def _repo_with_the_driver(tmp_path: Path) -> Path:
 
     repo = tmp_path / "repo"
     (repo / "scripts").mkdir(parents=True)
-    for name in ("reproduce_claim2.sh", "claim2_report.py", "run_sweep.py"):
+    for name in ("reproduce_claim2.sh", "claim2_report.py"):  # the sweep driver is the installed cory-sweep
         shutil.copy(REPO / "scripts" / name, repo / "scripts" / name)
     for args in (["init", "-q"], ["config", "user.email", "t@t"], ["config", "user.name", "t"]):
         subprocess.run(["git", *args], cwd=repo, check=True)

@@ -188,7 +188,7 @@ BAD = {  # override → key the one-line message must name
     "model=gpt2 model.name_or_path=/nonexistent/dir": "model.name_or_path",
     "task=imdb task.reward._target_=cory.tasks.rewards.NoSuchReward": "task.reward._target_",
     "task=imdb task.source=web": "task.source",
-    "algorithm=cory algorithm.schedule.period=0": "algorithm.schedule.period=0: must be an integer >= 1",
+    "algorithm=cory algorithm.schedule.period=0": "algorithm.schedule.period=0: must be >= 1",
 }
 if not torch.cuda.is_available():
     BAD |= {"+model.load_in_4bit=true": "model.load_in_4bit", "hardware=gpu": "hardware.device"}

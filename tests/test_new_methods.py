@@ -146,6 +146,7 @@ def test_a_shared_policy_with_per_role_sees_each_roles_advantages_whitened_apart
     B = len(QUERIES)
     assert roles_seen == [[0] * B + [1] * B]  # one update on both roles, each sample labelled with its role
     assert len(seen) == 2  # one whitening per role, none over the whole batch
+    assert team.describe()["algorithm"] == "cory_shared_per_role"  # told apart from cory_shared in runs and figures
 
 
 # ------------------------------------------------------------------------------------------------ KL in the loss

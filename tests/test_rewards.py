@@ -26,7 +26,8 @@ from safetensors.numpy import load_file, save_file
 import cory.tasks.rewards
 from cory.config import validate
 from cory.errors import AssetUnavailableError, ConfigError
-from cory.ppo.learner import Agent
+from cory.ppo.actor import Actor
+from cory.ppo.learner import PPOLearner
 from cory.tasks.rewards import BoundedReward, ClassifierReward, TfidfSentimentReward, clip_above, sigmoid
 from cory.tasks.toy import ToyTask
 
@@ -225,18 +226,18 @@ class LogitToy(ToyTask):
 def test_cory_sums_the_bounded_rewards_not_the_bound_of_the_sum(monkeypatch: pytest.MonkeyPatch) -> None:
     """R = σ(l1) + σ(l2), in [0, 2], reaches both updates: the bound acts on each response before Eq. 4's sum
     (`score_clip`, after the sum, would bound r1 + r2 instead)."""
-    learned, responses, act, learn = [], [], Agent.act, Agent.learn
+    learned, responses, act, update = [], [], Actor.act, PPOLearner.update
 
-    def learn_spy(self, rollout, scores):
-        learned.append(scores.clone())
-        return learn(self, rollout, scores)
+    def update_spy(self, batch):
+        learned.append(batch.scores.clone())
+        return update(self, batch)
 
     def act_spy(self, *args, **kwargs):
         responses.append(act(self, *args, **kwargs))
         return responses[-1]
 
-    monkeypatch.setattr(Agent, "learn", learn_spy)
-    monkeypatch.setattr(Agent, "act", act_spy)
+    monkeypatch.setattr(PPOLearner, "update", update_spy)
+    monkeypatch.setattr(Actor, "act", act_spy)
     algorithm = make_cory(task_cls=LogitToy)
     torch.manual_seed(0)
     algorithm.step(0)

@@ -58,7 +58,8 @@ import cory.checkpoints
 import cory.models
 import cory.ppo.learner
 import cory.train
-from cory.algorithms.team import QuerySchedule, Team
+from cory.algorithms.agents import QuerySchedule
+from cory.algorithms.team import Team
 from cory.checkpoints import latest_checkpoint
 from cory.errors import CheckpointError, ConfigError, NonFiniteError
 from cory.tasks.toy import ToyTask

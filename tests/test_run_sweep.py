@@ -116,7 +116,8 @@ def test_no_slot_or_thread_to_run_in_is_refused_in_one_line(tmp_path, flag):
         "experiment=smoke",
     ]
     out = subprocess.run(cmd, cwd=REPO, env=_env(tmp_path), capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2 and out.stderr == f"error: {flag} 0: must be at least 1\n"
+    refusal = f"error: cory-sweep: argument {flag}: 0 is below 1; see `cory-sweep --help`\n"
+    assert out.returncode == 2 and out.stderr == refusal
     assert not (tmp_path / "sweep").exists()
 
 

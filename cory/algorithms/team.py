@@ -162,7 +162,14 @@ class Team:
         roles, schedule, layout = len(self.episode.roles), self.schedule.name, self.layout.name
         estimator = dict(self.advantage.describe())
         name = team_name(
-            self.episode.name, roles, self.critic_part.name, estimator["advantage"], schedule, layout, self.credit.name
+            self.episode.name,
+            roles,
+            self.critic_part.name,
+            estimator["advantage"],
+            schedule,
+            layout,
+            self.credit.name,
+            per_role=bool(estimator.get("per_role", False)),
         )
         identity: dict = {}
         if roles > 1 and (schedule != "role_swap" or layout != "separate"):

@@ -277,10 +277,6 @@ def run(argv: Sequence[str] | None = None, prog: str = "cory-sweep") -> int:
         evaluate_args = shlex.split(args.evaluate) if args.evaluate is not None else None
     except ValueError as err:
         parser.error(f"--evaluate {args.evaluate!r}: {err}")
-    for flag, value in (("--jobs", args.jobs), ("--threads", args.threads)):
-        if value < 1:  # no run could ever start: the driver would wait for a free slot forever
-            print(f"error: {flag} {value}: must be at least 1", file=sys.stderr)
-            return 2
 
     jobs, cfg = expand(args.overrides)
     root = args.dir.resolve()
