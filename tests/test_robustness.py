@@ -232,6 +232,7 @@ def test_checkpoints_hold_no_pickle_but_the_optimizer(tmp_path):
         "algorithm/llm1/agent.json",
         "algorithm/llm1/optimizer.pt",
         "algorithm/llm1/policy.safetensors",
+        "algorithm/policies.json",  # the folders that hold policies (cory-evaluate and cory-export read it)
         "algorithm/team.json",
         "torch_rng.safetensors",
         "trainer.json",
