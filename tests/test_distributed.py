@@ -175,6 +175,7 @@ def _adam_state(path: Path) -> torch.Tensor:
     return torch.cat([state[i][k].flatten() for i in sorted(state) for k in ("exp_avg", "exp_avg_sq")])
 
 
+@pytest.mark.long  # 35-45 s per engine: in `make test-long`, which CI runs too
 @pytest.mark.parametrize("engine", ["zero2", "zero3", "fsdp"])
 def test_sharding_on_one_process_trains_as_torch_adam(tmp_path: Path, engine: str) -> None:
     """Without a launcher, ZeRO and FSDP join a process group of one; the run's metrics are those of torch's Adam
@@ -241,6 +242,7 @@ def test_maft_under_sharding_is_refused_in_one_line(tmp_path: Path, engine: str)
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.long  # 25-45 s each: in `make test-long`, which CI runs too
 @pytest.mark.parametrize("engine", ["zero3", "fsdp"])
 @pytest.mark.parametrize("algorithm", ["grpo", "cory_cc"])
 def test_learners_without_a_value_loss_train_sharded_as_under_torch_adam(
