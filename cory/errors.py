@@ -140,6 +140,7 @@ def entry_point(
 # ---------------------------------------------------------------------------------------------------- failed writes
 _RUST_IO = re.compile(r"\(os error (\d+)\)")  # safetensors reports its I/O errors as `... (os error 28)`
 _TORCH_WRITER = ("PytorchStreamWriter", "inline_container")  # torch.save's archive writer, failing mid-file
+_NEARLY_FULL = 256 * 2**20  # bytes free under which a failed archive write is read as a full disk
 
 
 @contextlib.contextmanager
@@ -177,8 +178,11 @@ def _write_errno(err: BaseException, folder: Path) -> int | None:
     if match := _RUST_IO.search(str(err)):
         return int(match.group(1))
     if isinstance(err, RuntimeError) and any(mark in str(err) for mark in _TORCH_WRITER):
-        with contextlib.suppress(OSError):  # torch's message says only "file write failed": ask the filesystem
-            if os.statvfs(folder).f_bavail == 0:
+        with contextlib.suppress(OSError):  # torch's message says only "file write failed": ask the filesystem.
+            # Nearly full, not only full: by the time we ask, the failed writer (or another process) may have
+            # freed a few blocks (a run of 2026-12-06 failed so with 2 MB free on a 252 GB disk).
+            disk = os.statvfs(folder)
+            if disk.f_bavail * disk.f_frsize < _NEARLY_FULL:
                 return errno.ENOSPC
         # and the process's file-size limit (`ulimit -f`): the file it was writing stopped at that size
         limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]

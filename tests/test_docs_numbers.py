@@ -187,3 +187,47 @@ def test_gsm8k_cpu_pages() -> None:
 def test_maft_wall_times(summary: str, printed: str) -> None:
     minutes = round(json.loads((OUT / summary).read_text())["wall_time_s"] / 60)
     assert printed in page("docs/maft.md") and f"{minutes}" in printed
+
+
+# ------------------------------------------------------------------------------------------- the default experiment
+def settings_row(run: dict, setting: str, seed: str) -> str:
+    """A row of docs/results.md's table of the default experiment's settings, from the run's summary."""
+    before, after = run["initial"], run["agents"]
+    num = lambda x, d=3: f"{x:.{d}f}".replace("-", "−")  # noqa: E731
+    agents = list(after)
+    return (
+        f"| {setting} | {seed} | {num(before[agents[0]]['task_reward'])} → "
+        f"{' / '.join(num(after[a]['task_reward']) for a in agents)} | "
+        f"{' / '.join(num(after[a]['kl'], 2) for a in agents)} | "
+        f"{' / '.join(num(after[a]['combined_reward']) for a in agents)} |"
+    )
+
+
+def test_the_default_experiments_settings_table() -> None:
+    """Every run of outputs/quickstart/settings/ is a row of docs/results.md's table, with its overrides."""
+    results = page("docs/results.md")
+    runs = sorted((OUT / "quickstart" / "settings").glob("*/seed=*/summary.json"))
+    assert len(runs) >= 9
+    shown = lambda o: o not in ("experiment=quickstart", "progress=false") and not o.startswith("seed=")  # noqa: E731
+    for path in runs:
+        overrides = [o.strip("- ").strip() for o in (path.parent / "overrides.yaml").read_text().splitlines()]
+        setting = " ".join(f"`{o}`" for o in overrides if shown(o)) or "the default"
+        seed = path.parent.name.split("=")[1]
+        assert settings_row(json.loads(path.read_text()), setting, seed) in results, path
+
+
+def test_the_readme_gives_the_default_experiments_spread_over_seeds() -> None:
+    """README's default-run sentence: seed 0 (`outputs/quickstart/cory_summary.json`) and seeds 1-2 of the table."""
+    runs = [json.loads((OUT / "quickstart" / "cory_summary.json").read_text())]
+    runs += [
+        json.loads(p.read_text()) for p in (OUT / "quickstart" / "settings" / "default").glob("seed=*/summary.json")
+    ]
+    assert sorted(r["seed"] for r in runs) == [0, 1, 2]
+    gains = [r["agents"][a]["task_reward"] - r["initial"][a]["task_reward"] for r in runs for a in r["agents"]]
+    kls = [r["agents"][a]["kl"] for r in runs for a in r["agents"]]
+    falls = [r["initial"][a]["combined_reward"] - r["agents"][a]["combined_reward"] for r in runs for a in r["agents"]]
+    readme, results = page("README.md"), page("docs/results.md")
+    moved = f"moves by −{-min(gains):.2f} to +{max(gains):.2f} (mean +{statistics.mean(gains):.2f}"
+    assert moved in readme and moved.split(" (")[0] in results
+    assert f"{min(kls):.1f}–{max(kls):.1f} nats" in readme and f"{min(kls):.1f}–{max(kls):.1f} nats" in results
+    assert f"falls by {min(falls):.1f} to {max(falls):.1f}" in results

@@ -530,7 +530,7 @@ def _safetensors_full(tensors, path, *args, **kwargs):  # safetensors' own error
 def test_a_full_disk_inside_a_library_write_is_one_line_naming_the_file(
     tmp_path, monkeypatch, capsys, module, name, fake, file
 ):
-    """The libraries report a full disk as RuntimeError (torch.save; the filesystem then has no block left) or
+    """The libraries report a full disk as RuntimeError (torch.save; the filesystem then has no block, or a few MB, left) or
     SafetensorError, never OSError: one line naming the file, the previous checkpoint kept, no traceback."""
     real, calls = getattr(module, name), []
 
@@ -540,8 +540,8 @@ def test_a_full_disk_inside_a_library_write_is_one_line_naming_the_file(
             return fake(obj, path)
         return real(obj, path, *args, **kwargs)
 
-    class NoBlockLeft:
-        f_bavail = 0
+    class NoBlockLeft:  # nearly full: 4 MB left when asked (the failed writer, or another process, freed a few)
+        f_bavail, f_frsize = 1000, 4096
 
     monkeypatch.setattr(module, name, second_checkpoint_fails)
     monkeypatch.setattr(os, "statvfs", lambda path: NoBlockLeft)
