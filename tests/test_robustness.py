@@ -530,8 +530,8 @@ def _safetensors_full(tensors, path, *args, **kwargs):  # safetensors' own error
 def test_a_full_disk_inside_a_library_write_is_one_line_naming_the_file(
     tmp_path, monkeypatch, capsys, module, name, fake, file
 ):
-    """The libraries report a full disk as RuntimeError (torch.save; the filesystem then has no block, or a few MB, left) or
-    SafetensorError, never OSError: one line naming the file, the previous checkpoint kept, no traceback."""
+    """The libraries report a full disk as RuntimeError (torch.save; the filesystem then has no block, or a few MB,
+    left) or SafetensorError, never OSError: one line naming the file, the previous checkpoint kept, no traceback."""
     real, calls = getattr(module, name), []
 
     def second_checkpoint_fails(obj, path, *args, **kwargs):

@@ -118,12 +118,16 @@ def _check_group_size(group_size: int) -> None:
         raise ConfigError(f"algorithm.advantage.group_size={group_size}: must be an integer >= 2 (a group baseline)")
 
 
+# the group estimators' value range, checked before any model loads (cory/config.py `check_ranges`)
+GROUP_RANGES = {"group_size": "[2, inf); a group baseline"}
+
+
 @dataclass(frozen=True)
 class GRPO:
     """A_i = (R_i − mean_group R)/(std_group R + ε) over the G samples of one prompt (DeepSeekMath, arXiv
     2402.03300, outcome supervision; docs/method.md §9). No critic: values are ignored."""
 
-    RANGES: ClassVar[dict[str, str]] = {"group_size": "[2, inf); a group baseline"}
+    RANGES: ClassVar[dict[str, str]] = GROUP_RANGES
 
     group_size: int
     per_role: bool
@@ -145,7 +149,7 @@ class RLOO:
     """A_i = R_i − mean of the other G − 1 samples' R of its prompt, the leave-one-out baseline (Ahmadian et al.,
     arXiv 2402.14740; docs/method.md §9). No critic: values are ignored."""
 
-    RANGES: ClassVar[dict[str, str]] = {"group_size": "[2, inf); a group baseline"}
+    RANGES: ClassVar[dict[str, str]] = GROUP_RANGES
 
     group_size: int
     per_role: bool

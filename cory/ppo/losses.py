@@ -79,16 +79,19 @@ def _clipped(inputs: LossInputs, cliprange: float, cliprange_value: float, vf_co
     return LossTerms(pg_loss + vf_coef * vf_loss, pg_loss, clipfrac, ratio, vf_loss, vf_clipfrac)
 
 
+# value ranges of both clipped losses, checked before any model loads (cory/config.py `check_ranges`)
+CLIP_RANGES = {
+    "cliprange": "(0, 1]; the ratio is clipped to [1 - cliprange, 1 + cliprange]",
+    "cliprange_value": "(0, inf)",
+    "vf_coef": "[0, inf)",
+}
+
+
 @dataclass(frozen=True)
 class ClippedPPO:
     """TRL's clipped surrogate plus the clipped value loss; the KL penalty lives in the token rewards (§1.4, §2.6)."""
 
-    # value ranges, checked before any model loads (cory/config.py `check_ranges`)
-    RANGES: ClassVar[dict[str, str]] = {
-        "cliprange": "(0, 1]; the ratio is clipped to [1 - cliprange, 1 + cliprange]",
-        "cliprange_value": "(0, inf)",
-        "vf_coef": "[0, inf)",
-    }
+    RANGES: ClassVar[dict[str, str]] = CLIP_RANGES
 
     cliprange: float
     cliprange_value: float
@@ -108,12 +111,7 @@ class ClippedPPOKLInLoss:
     """The clipped surrogate (and value loss) plus β·mean_t k3_t: the KL penalty in the loss, not in the rewards
     (the GRPO paper's placement, docs/method.md §12.2). The adaptive controller still moves β on the batch KL."""
 
-    # value ranges, checked before any model loads (cory/config.py `check_ranges`)
-    RANGES: ClassVar[dict[str, str]] = {
-        "cliprange": "(0, 1]; the ratio is clipped to [1 - cliprange, 1 + cliprange]",
-        "cliprange_value": "(0, inf)",
-        "vf_coef": "[0, inf)",
-    }
+    RANGES: ClassVar[dict[str, str]] = CLIP_RANGES
 
     cliprange: float
     cliprange_value: float
