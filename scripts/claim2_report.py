@@ -35,6 +35,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from cory.studies.stats import t_interval  # noqa: E402  (mean, low, high): the family and claim reports' own
+
 # ------------------------------------------------------------------------------------- pre-registered constants
 CEILING = 1.0  # the bounded reward's ceiling: P(positive) ≤ 1
 GAP = 0.1  # x: saturated means within GAP of the ceiling
@@ -105,17 +107,6 @@ def t_quantile(dof: int, level: float = 0.95) -> float:
     from scipy import stats
 
     return float(stats.t.ppf(0.5 + level / 2, dof))
-
-
-def t_interval(values: list[float], level: float = 0.95) -> tuple[float, float, float]:
-    """(mean, low, high): the t interval of the mean (n − 1 degrees of freedom); fewer than 2 values give NaNs."""
-    n = len(values)
-    mean = sum(values) / n if n else math.nan
-    if n < 2:
-        return mean, math.nan, math.nan
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    half = t_quantile(n - 1, level) * sd / math.sqrt(n)
-    return mean, mean - half, mean + half
 
 
 def ratio_interval(ratios: list[float], level: float = 0.95) -> tuple[float, float, float]:
