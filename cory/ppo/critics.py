@@ -28,7 +28,7 @@ import torch
 from cory.policy import PolicyWithValueHead
 from cory.ppo import core as ppo_core
 from cory.ppo.rollout import Rollout
-from cory.ppo.trainee import Optimization, Trainee
+from cory.ppo.trainee import Trainee
 
 CRITIC_DIR = "critic"
 CRITIC_STATE = "critic.json"
@@ -86,14 +86,11 @@ class CentralizedCritic:
         autocast_dtype: torch.dtype | None,
         forward_batch_size: int,
     ) -> JointValueModel:
-        optimization = Optimization(
-            learner.learning_rate, learner.max_grad_norm, learner.mini_batch_size, learner.gradient_accumulation_steps
-        )
         trainee = Trainee(
             CRITIC_DIR,
             policy,
             seed,
-            optimization,
+            learner.optimization(),
             train_value_head=True,
             device=device,
             autocast_dtype=autocast_dtype,

@@ -163,6 +163,13 @@ class PPOConfig:
         """What tells this learner's runs apart in names and summaries: its initial β."""
         return {"kl_coef": self.init_kl_coef}
 
+    def optimization(self) -> Optimization:
+        """How this learner's trainees are stepped (its own and a centralised critic's): Adam at `learning_rate`,
+        `max_grad_norm`, `gradient_accumulation_steps` micro-batches of `mini_batch_size` rows per step."""
+        return Optimization(
+            self.learning_rate, self.max_grad_norm, self.mini_batch_size, self.gradient_accumulation_steps
+        )
+
     def build(
         self,
         name: str,
@@ -184,14 +191,11 @@ class PPOConfig:
 
         `train_value_head`: the learner trains its own value head (a per-agent critic); false when values come from a
         centralised critic or the estimator ignores them (the head is then neither trained nor stepped)."""
-        optimization = Optimization(
-            self.learning_rate, self.max_grad_norm, self.mini_batch_size, self.gradient_accumulation_steps
-        )
         trainee = Trainee(
             name,
             policy,
             seed,
-            optimization,
+            self.optimization(),
             train_value_head=train_value_head,
             device=device,
             autocast_dtype=autocast_dtype,
