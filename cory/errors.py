@@ -88,11 +88,14 @@ def fail(message: str, code: int = 2) -> None:
 def error_boundary(
     expected: tuple[type[BaseException], ...] = (),
     on_interrupt: str = "interrupted (SIGINT); nothing was kept",
+    write_advice: str = "free space or fix permissions",
+    unnamed: str = "",
 ) -> Iterator[None]:
     """What a command's user sees when it fails: one line, or a traceback for a bug.
 
     - `USER_ERRORS` and `expected` (a command's own expected failures): `error: <message>`, exit code 2;
-    - an `OSError` of a write the user can fix (`WRITE_ERRNOS`): `error: cannot write <file> (<reason>)`, exit code 2;
+    - an `OSError` of a write the user can fix (`WRITE_ERRNOS`): `error: cannot write <file> (<reason>);
+      <write_advice>`, exit code 2 (`unnamed` stands for the file when the error names none);
     - Ctrl-C, at any moment (an import, loading a model) and whatever a library made of it (`interrupted`): one
       line, `error: <on_interrupt>`, exit code 130;
     - `SystemExit` passes (a command that already reported its failure), and any other exception keeps its
@@ -108,14 +111,16 @@ def error_boundary(
         if isinstance(err, USER_ERRORS + expected):
             fail(one_line(err))
         if isinstance(err, OSError) and err.errno in WRITE_ERRNOS:
-            where = f" {err.filename}" if err.filename else ""
-            fail(f"cannot write{where} ({err.strerror or type(err).__name__}); free space or fix permissions")
+            where = f" {err.filename or unnamed}".rstrip()
+            fail(f"cannot write{where} ({err.strerror or type(err).__name__}); {write_advice}")
         raise
 
 
 def entry_point(
     expected: tuple[type[BaseException], ...] = (),
     on_interrupt: str = "interrupted (SIGINT); nothing was kept",
+    write_advice: str = "free space or fix permissions",
+    unnamed: str = "",
 ) -> Callable[[_Main], _Main]:
     """`error_boundary` around a command's `main`:
 
@@ -129,7 +134,7 @@ def entry_point(
     def decorate(main: _Main) -> _Main:
         @functools.wraps(main)
         def run(*args, **kwargs):
-            with error_boundary(expected, on_interrupt):
+            with error_boundary(expected, on_interrupt, write_advice, unnamed):
                 return main(*args, **kwargs)
 
         return run  # type: ignore[return-value]

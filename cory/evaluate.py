@@ -29,7 +29,6 @@ import contextlib
 import hashlib
 import json
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -397,10 +396,10 @@ def _log_to_wandb(
     logger.close()
 
 
-@entry_point()  # Ctrl-C at any moment: one line, exit code 130 (cory/errors.py)
+# Ctrl-C at any moment: one line, exit code 130; a refused input or a failed write of --out: one line, exit code 2
+@entry_point(write_advice="pass another --out", unnamed="the output folder")
 def main(argv: list[str] | None = None) -> None:
     from cory.cli import prog_name
-    from cory.errors import USER_ERRORS
 
     prog = prog_name("cory-evaluate", "python -m cory.evaluate")
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
@@ -416,41 +415,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=None, help="output folder (default <run>/evaluation/<ckpt>)")
     parser.add_argument("--cfg", choices=["job"], help="print the config it would evaluate with, run nothing")
     args = parser.parse_args(argv)
-    try:
-        if args.ks is None:
-            args.ks = [k for k in (1, 2, 4, 8, 16) if k <= args.n] or [args.n]
-        if args.n < 1 or min(args.ks) < 1:
-            raise ConfigError(f"--n={args.n} and --ks={args.ks}: need n >= 1 and every k >= 1")
-        above = [k for k in args.ks if k > args.n]
-        if above:  # pass@k needs k of the n samples: such a k would silently be left out
-            raise ConfigError(f"--ks {' '.join(map(str, above))}: above --n={args.n}; pass@k needs k <= n")
-        if args.num_problems is not None and args.num_problems < 1:
-            raise ConfigError(f"--num-problems={args.num_problems}: must be >= 1 (leave it out for all problems)")
-        if args.batch_size is not None and args.batch_size < 1:
-            raise ConfigError(f"--batch-size={args.batch_size}: must be >= 1")
-        target, overrides = Path(args.target), args.overrides
-        # no run: the base model of the config these overrides compose (a sweep job's folder, `algorithm=cory/seed=0`,
-        # holds `=` too: an existing folder is a run)
-        if "=" in args.target and not target.is_dir():
-            target, overrides = None, [args.target, *args.overrides]
-        if args.cfg:
-            run_dir = resolve_target(target)[0] if target is not None else None
-            print(OmegaConf.to_yaml(load_config(run_dir, overrides)))
-            return
-        summary = evaluate_run(
-            target, overrides, args.n, args.ks, args.num_problems, args.batch_size, args.seed, args.out
-        )
-    except USER_ERRORS as err:
-        print("error: " + " ".join(str(err).split()), file=sys.stderr)
-        sys.exit(2)
-    except OSError as err:  # a read-only or full --out: one line naming the file (`cory.errors.writing`)
-        from cory.runs import WRITE_ERRNOS
-
-        if err.errno not in WRITE_ERRNOS:
-            raise
-        where = err.filename or "the output folder"
-        print(f"error: cannot write {where} ({err.strerror}); pass another --out", file=sys.stderr)
-        sys.exit(2)
+    if args.ks is None:
+        args.ks = [k for k in (1, 2, 4, 8, 16) if k <= args.n] or [args.n]
+    if args.n < 1 or min(args.ks) < 1:
+        raise ConfigError(f"--n={args.n} and --ks={args.ks}: need n >= 1 and every k >= 1")
+    above = [k for k in args.ks if k > args.n]
+    if above:  # pass@k needs k of the n samples: such a k would silently be left out
+        raise ConfigError(f"--ks {' '.join(map(str, above))}: above --n={args.n}; pass@k needs k <= n")
+    if args.num_problems is not None and args.num_problems < 1:
+        raise ConfigError(f"--num-problems={args.num_problems}: must be >= 1 (leave it out for all problems)")
+    if args.batch_size is not None and args.batch_size < 1:
+        raise ConfigError(f"--batch-size={args.batch_size}: must be >= 1")
+    target, overrides = Path(args.target), args.overrides
+    # no run: the base model of the config these overrides compose (a sweep job's folder, `algorithm=cory/seed=0`,
+    # holds `=` too: an existing folder is a run)
+    if "=" in args.target and not target.is_dir():
+        target, overrides = None, [args.target, *args.overrides]
+    if args.cfg:
+        run_dir = resolve_target(target)[0] if target is not None else None
+        print(OmegaConf.to_yaml(load_config(run_dir, overrides)))
+        return
+    summary = evaluate_run(target, overrides, args.n, args.ks, args.num_problems, args.batch_size, args.seed, args.out)
     print(summary_table(summary, args.ks))
 
 

@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 from omegaconf import open_dict
@@ -38,7 +37,7 @@ from omegaconf import open_dict
 from cory import runtime
 from cory.checkpoints import ALGORITHM_DIR, read_state, verify_checksums
 from cory.config import validate
-from cory.errors import USER_ERRORS, ConfigError, writing
+from cory.errors import ConfigError, entry_point, writing
 from cory.evaluate import checkpoint_agents, load_config, resolve_target
 
 EXPORT_INFO = "cory_export.json"
@@ -142,6 +141,8 @@ def _point_adapter_at(folder: Path, base: str) -> None:
     (folder / "adapter_config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
 
 
+# Ctrl-C at any moment: one line, exit code 130; a refused input or a failed write of --out: one line, exit code 2
+@entry_point(write_advice="pass another --out", unnamed="the output folder")
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="cory-export", description=__doc__.split("\n\n")[0])
     parser.add_argument("run", type=Path, help="a run folder (its latest checkpoint) or one of its checkpoint folders")
@@ -153,18 +154,7 @@ def main(argv: list[str] | None = None) -> None:
         "--lora", choices=LORA_MODES, default="merged", help="LoRA runs: merge into the base (default) or an adapter"
     )
     args = parser.parse_intermixed_args(argv)  # overrides before or after the options
-    try:
-        checkpoint = export(args.run, args.out, args.agent, args.iteration, args.lora, args.overrides)
-    except USER_ERRORS as err:
-        print("error: " + " ".join(str(err).split()), file=sys.stderr)
-        sys.exit(2)
-    except OSError as err:  # a read-only or full --out: one line naming the file (`cory.errors.writing`)
-        from cory.runs import WRITE_ERRNOS
-
-        if err.errno not in WRITE_ERRNOS:
-            raise
-        print(f"error: cannot write {err.filename or args.out} ({err.strerror}); pass another --out", file=sys.stderr)
-        sys.exit(2)
+    checkpoint = export(args.run, args.out, args.agent, args.iteration, args.lora, args.overrides)
     print(f"[cory] {args.agent} of {checkpoint} exported to {args.out}", flush=True)
 
 
