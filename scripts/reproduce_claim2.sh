@@ -44,14 +44,14 @@ what=${1:-study}
 case "$what" in
   pilot)
     sweep "$OUT/pilot/runs" "$OUT/pilot/results" sweep=imdb_claim2_pilot "$@"
-    $PY scripts/claim2_report.py pilot "$OUT/pilot/results"
+    $PY -m cory.studies.claim2_report pilot "$OUT/pilot/results"
     echo "set this learning rate in cory/conf/experiment/imdb_claim2.yaml and commit it before the study's first run"
     ;;
   study)
     sweep "$OUT/runs" "$OUT/results" sweep=imdb_claim2 "$@"
     ;;
   extend)  # the rule's one extension: resume each unsaturated run to 200 iterations, then keep its files
-    for run in $($PY scripts/claim2_report.py unsaturated "$OUT/results"); do
+    for run in $($PY -m cory.studies.claim2_report unsaturated "$OUT/results"); do
       folder="$OUT/runs/$run"
       [ -f "$folder/run_config.yaml" ] || { echo "error: $folder is gone; run the study on this machine first"; exit 2; }
       link="$OUT/runs/.extend"  # resume= takes a path without '=': a link to the folder (cory-sweep's way)
@@ -64,7 +64,7 @@ case "$what" in
     done
     ;;
   report)
-    $PY scripts/claim2_report.py report "$OUT/results" --out "$OUT"
+    $PY -m cory.studies.claim2_report report "$OUT/results" --out "$OUT"
     ;;
   *)
     echo "error: unknown step '$what'; expected pilot, study, extend or report"

@@ -1,22 +1,23 @@
-"""The second IMDB claim study's pre-registered analysis (`scripts/claim2_report.py`) on hand-made curves with
-hand-computed values: the first-crossing interpolation behind reward at matched KL and KL at saturated reward, the
-saturation gate, the t intervals (a geometric one for KL ratios), the seed count, the verdict rules and the reading
-across comparisons, the learning-rate pilot's rule, the KL coefficients and the cost; and that the numbers
-docs/results.md states for the sizing are what `plan` computes from the committed files of the first study."""
+"""The second IMDB claim study's pre-registered analysis (`cory-report claim2`, `cory/studies/claim2_report.py`) on
+hand-made curves with hand-computed values: the first-crossing interpolation behind reward at matched KL and KL at
+saturated reward, the saturation gate, the t intervals (a geometric one for KL ratios, `cory.studies.stats`), the seed
+count, the verdict rules and the reading across comparisons, the learning-rate pilot's rule, the KL coefficients and
+the cost; the command on hand-made run folders, a missing input one `error:` line; that the numbers docs/results.md
+states for the sizing are what `plan` computes from the committed files of the first study; and the study's driver."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
 
 import pytest
 
+from cory.studies import claim2_report as claim2
+from cory.studies import report
+from cory.studies.stats import ratio_interval, seeds_needed, t_interval, t_quantile
+
 REPO = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("claim2_report", REPO / "scripts" / "claim2_report.py")
-claim2 = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(claim2)
 
 T_975 = {1: 12.706204736174703, 2: 4.302652729911275, 7: 2.3646242510102993}  # Student t 97.5 % quantiles
 
@@ -48,22 +49,25 @@ def test_reward_at_kl_kl_at_reward_and_the_gate() -> None:
 
 
 def test_t_intervals_and_the_geometric_one() -> None:
-    mean, low, high = claim2.t_interval([1.0, 2.0, 3.0])  # sd 1
+    mean, low, high = t_interval([1.0, 2.0, 3.0])  # sd 1
     half = T_975[2] / math.sqrt(3)
     assert (mean, low, high) == pytest.approx((2.0, 2.0 - half, 2.0 + half))
-    assert all(math.isnan(v) for v in claim2.t_interval([1.0])[1:])
+    assert all(math.isnan(v) for v in t_interval([1.0])[1:])
     # logs −ln 4, −ln 2, 0: mean −ln 2 (geometric mean ½), sd ln 2
-    gm, low, high = claim2.ratio_interval([0.25, 0.5, 1.0])
+    gm, low, high = ratio_interval([0.25, 0.5, 1.0])
     half = T_975[2] * math.log(2) / math.sqrt(3)
     assert (gm, low, high) == pytest.approx((0.5, math.exp(-math.log(2) - half), math.exp(-math.log(2) + half)))
+    with pytest.raises(ValueError, match="positive ratios"):  # a KL of 0 has no logarithm: the caller leaves it out
+        ratio_interval([0.5, 0.0])
+    assert all(t_quantile(dof) == pytest.approx(q) for dof, q in T_975.items())
 
 
 def test_seeds_needed() -> None:
     # sd 1, half-width 1: t(n−1)/√n is 1.049 at n = 6 and 0.925 at n = 7
-    assert claim2.seeds_needed(1.0, 1.0) == 7
+    assert seeds_needed(1.0, 1.0) == 7
     # the first study's paired s.d. 0.12 (logits) for ±0.1: 2.365·0.12/√8 = 0.1003 misses, 2.306·0.12/3 = 0.092
-    assert claim2.seeds_needed(0.12, 0.1) == 9
-    assert T_975[7] * 0.1116 / math.sqrt(8) < 0.1 and claim2.seeds_needed(0.1116, 0.1) == 8
+    assert seeds_needed(0.12, 0.1) == 9
+    assert T_975[7] * 0.1116 / math.sqrt(8) < 0.1 and seeds_needed(0.1116, 0.1) == 8
 
 
 @pytest.mark.parametrize(
@@ -116,7 +120,7 @@ def test_a_comparison_on_hand_made_seeds(tmp_path: Path) -> None:
         expected = 0.55 + 2.0 / (2.0 + 0.1 * s["seed"]) * 0.35
         assert s["reward_at_kl"]["2.0"]["diff"] == pytest.approx(expected - 0.725)
     ratios = [(2.0 + 0.1 * s) / 4.0 for s in range(7)]  # the saturated seeds only
-    gm, low, high = claim2.ratio_interval(ratios)
+    gm, low, high = ratio_interval(ratios)
     assert c["kl_ratio"]["n"] == 7 and c["kl_ratio"]["geometric_mean"] == pytest.approx(gm)
     assert c["kl_ratio"]["ci95"] == pytest.approx([low, high])
     assert low > 0.5 and c["kl_ratio"]["verdict"] == "does not hold"
@@ -199,7 +203,7 @@ def test_the_pilot_command_reads_the_sweep_folders_and_applies_the_rule(tmp_path
         tmp_path / "algorithm.agent.learning_rate=1e-4,experiment=imdb_claim2_cory" / "seed=100" / "summary.json"
     ).write_text(json.dumps({"completed": False}))
     assert claim2.main(["pilot", str(tmp_path)]) == 2  # a stopped run: the rule waits for the whole pilot
-    assert capsys.readouterr().out.startswith("error: the pilot is not finished")
+    assert capsys.readouterr().err.startswith("error: the pilot is not finished")
 
 
 def test_betas_by_hand() -> None:
@@ -250,8 +254,9 @@ def test_unsaturated_lists_the_runs_the_rule_continues(tmp_path: Path) -> None:
 
 
 def test_report_command_writes_its_files_and_refuses_an_empty_folder(tmp_path: Path, capsys) -> None:
-    assert claim2.main(["report", str(tmp_path / "none"), "--out", str(tmp_path / "out")]) == 2
-    assert capsys.readouterr().out.startswith("error: no run results under")
+    (tmp_path / "empty").mkdir()
+    assert claim2.main(["report", str(tmp_path / "empty"), "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.startswith("error: no run results under")
     c = pts((0.5, 0), (0.91, 1), (0.92, 2), (0.93, 3))
     for arm in claim2.ARMS:
         _write(tmp_path / "results", arm, 0, c, llm2=c)
@@ -260,6 +265,38 @@ def test_report_command_writes_its_files_and_refuses_an_empty_folder(tmp_path: P
     assert written["comparisons"]["main"]["n"] == 1 and written["readings"]["paper_claim"] == "undecided"
     assert (tmp_path / "out" / "claim2.png").stat().st_size > 0
     assert "(b) KL ratio at reward 0.9" in (tmp_path / "out" / "claim2.md").read_text()
+
+
+def test_cory_report_claim2_runs_each_mode_and_a_missing_input_is_one_line(tmp_path: Path, capsys) -> None:
+    """`cory-report claim2` as the installed command dispatches it: `report` and `unsaturated` on hand-made runs;
+    a missing results folder, a mistyped mode and a run without held-out evaluations are one `error:` line, exit 2,
+    nothing written."""
+    results, out = tmp_path / "results", tmp_path / "out"
+    saturated = pts((0.5, 0), (0.91, 1), (0.92, 2), (0.93, 3))
+    for arm in claim2.ARMS:
+        _write(results, arm, 0, saturated, llm2=saturated if arm in ("cory", "released") else None)
+    assert report.main(["claim2", "report", str(results), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    written = json.loads((out / "claim2.json").read_text())
+    assert (out / "claim2.md").read_text() in printed and written["llm2"]["main_llm2"]["n"] == 1
+    assert written["llm2"]["priced_llm2"]["n"] == 1  # released CORY's llm2 against the priced PPO's llm1
+    assert report.main(["claim2", "unsaturated", str(results)]) == 0
+    assert capsys.readouterr().out.strip() == ""  # every run saturated: the rule continues none
+
+    for argv, expect in (
+        (["claim2", "report", str(tmp_path / "none"), "--out", str(tmp_path / "out2")], "no such folder"),
+        (["claim2", "pilot", str(tmp_path / "none")], "no such folder"),
+        (["claim2", "reprot", str(results)], "cory-report claim2: argument mode: invalid choice: 'reprot'"),
+    ):
+        assert report.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("error: ") and expect in err, err
+    ppo = results / "experiment=imdb_claim2_ppo" / "seed=0" / "metrics.jsonl"
+    ppo.write_text(json.dumps({"iteration": 0, "train/llm1/kl": 0.0}) + "\n")  # no held-out evaluation
+    assert report.main(["claim2", "report", str(results), "--out", str(tmp_path / "out2")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds no held-out evaluation of llm1" in err, err
+    assert not (tmp_path / "out2").exists()
 
 
 def test_the_preregistered_sizing_is_what_plan_computes_from_the_committed_files() -> None:
@@ -288,14 +325,14 @@ def test_the_preregistered_sizing_is_what_plan_computes_from_the_committed_files
 
 # ------------------------------------------------------------------------------------------------- the driver
 def _repo_with_the_driver(tmp_path: Path) -> Path:
-    """A git repository holding the study's driver and report, as the real one does (`scripts/`)."""
+    """A git repository holding the study's driver, as the real one does (`scripts/`); the report it runs is this
+    checkout's `cory.studies.claim2_report` (`_driver` puts it first on the path)."""
     import shutil
     import subprocess
 
     repo = tmp_path / "repo"
     (repo / "scripts").mkdir(parents=True)
-    for name in ("reproduce_claim2.sh", "claim2_report.py"):  # the sweep driver is the installed cory-sweep
-        shutil.copy(REPO / "scripts" / name, repo / "scripts" / name)
+    shutil.copy(REPO / "scripts" / "reproduce_claim2.sh", repo / "scripts" / "reproduce_claim2.sh")
     for args in (["init", "-q"], ["config", "user.email", "t@t"], ["config", "user.name", "t"]):
         subprocess.run(["git", *args], cwd=repo, check=True)
     return repo
@@ -306,7 +343,10 @@ def _driver(repo: Path, *args: str, **env: str):
     import subprocess
     import sys
 
+    # the driver runs `$PY -m cory.studies...` from the copy: this checkout's package, not another installed one
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     env = os.environ | {"PY": sys.executable, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"} | env
+    env["PYTHONPATH"] = path
     return subprocess.run(["bash", "scripts/reproduce_claim2.sh", *args], cwd=repo, env=env, capture_output=True,
                           text=True, timeout=1800)  # fmt: skip
 

@@ -14,8 +14,8 @@ and `bash scripts/<name>.sh`. A new command (GSM8K, figures, MAFT) is covered as
   with its output folder in a tmp folder (other launchers are run by tests/test_sweeps.py).
 - another `python -m cory.<module>`: `--cfg job` composes it through its own entrypoint.
 - a study command (`cory-plot curves ...`, `python -m cory.studies.<module> ...`): the command and its sub-command
-  exist, its `--help` lists every flag the command uses, and the Hydra overrides it passes on compose and validate
-  (each job of a `cory-sweep`).
+  exist (and its mode, for a command of modes: `cory-report claim2 plan ...`), its `--help` (the mode's) lists every
+  flag the command uses, and the Hydra overrides it passes on compose and validate (each job of a `cory-sweep`).
 - `python scripts/<name>.py`: the script exists, its `--help` lists every flag the command uses, and the Hydra
   overrides it passes on compose.
 - `make <target>`, `bash scripts/<name>.sh`: the target or the script exists.
@@ -209,6 +209,12 @@ def _check_study_command(module: str, line: str, monkeypatch) -> None:
     if subcommands is not None:
         assert args[0] in subcommands, (line, list(subcommands))
         subcommand, args = (args[0],), args[1:]
+    # a command of modes, each with its own flags (`cory-report claim2 plan ... --spread`): the mode's --help
+    runner = subcommands[subcommand[0]][0] if subcommand else module
+    modes = getattr(importlib.import_module(runner), "MODES", None)
+    if modes is not None and args:
+        assert args[0] in modes, (line, list(modes))
+        subcommand, args = (*subcommand, args[0]), args[1:]
     flags = [a for a in args if re.fullmatch(r"--[\w-]+", a)]  # not a quoted value (`--evaluate "--n 16"`)
     assert all(f in _study_help(module, subcommand) for f in flags), (line, flags)
     overrides = [a for a in args if "=" in a and not a.startswith("-")]

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from cory.studies import (
+    claim2_report,
     claim_report,
     command,
     family_report,
@@ -70,6 +71,20 @@ def _claim_results(root: Path, reward=1.0, kl=2.0, summary: str | None = None) -
                 {"iteration": k, "eval/llm1/task_reward": r, "eval/llm1/kl": x, "eval/llm1/combined_reward": 0.0}
                 for k, (r, x) in ((0, (0.0, 0.0)), (20, last))
             ]
+            _write(folder / "metrics.jsonl", _jsonl(rows))
+            _write(folder / "summary.json", summary if summary is not None else json.dumps({"completed": True}))
+    return root
+
+
+def _claim2_results(root: Path, reward=0.95, kl=2.0, summary: str | None = None) -> Path:
+    """The second claim study's main comparison (PPO and CORY), two seeds each, as `cory-sweep --results` keeps them;
+    `reward`/`kl`: the last evaluation of CORY's seed 0 (where a bad value goes)."""
+    for experiment in ("imdb_claim2_ppo", "imdb_claim2_cory"):
+        for seed in (0, 1):
+            folder = root / f"experiment={experiment}" / f"seed={seed}"
+            last = (reward, kl) if (experiment, seed) == ("imdb_claim2_cory", 0) else (0.95, 2.0)
+            rows = [{"iteration": k, "eval/llm1/task_reward": r, "eval/llm1/kl": x}
+                    for k, (r, x) in ((0, (0.5, 0.0)), (10, (0.9, 1.0)), (20, (0.92, 1.5)), (30, last))]  # fmt: skip
             _write(folder / "metrics.jsonl", _jsonl(rows))
             _write(folder / "summary.json", summary if summary is not None else json.dumps({"completed": True}))
     return root
@@ -148,6 +163,7 @@ def _cases(klass: str, tmp: Path) -> dict[str, Case | str]:
             "plot curves": (plot_curves.main, [_run_dir(tmp, "r", ""), "--out", str(out)], "logged no task_reward"),
             "plot frontier": (plot_frontier.main, [_summary_dir(tmp, "s", ""), "--out", png], "none usable"),
             "report claim": (claim_report.main, [str(empty), "--out", str(out)], "no run results under"),
+            "report claim2": (claim2_report.main, ["report", str(empty), "--out", str(out)], "no run results under"),
             "report family": (family_report.main, [str(empty), "--out", str(out)], "no finished run results"),
             "report paired": (paired_test.main, [str(_outcomes(tmp / "a", "").parent), str(tmp / "a")],
                               "holds no evaluation"),
@@ -161,7 +177,8 @@ def _cases(klass: str, tmp: Path) -> dict[str, Case | str]:
         unfinished_row = '{"iteration": 0, "train/ll'  # a kill cut the only line
         no_agents = {"completed": True, "iterations": 2}
         claim = _claim_results(tmp / "c")
-        for metrics in claim.rglob("metrics.jsonl"):  # completed runs whose metrics hold no held-out evaluation
+        claim2 = _claim2_results(tmp / "c2")
+        for metrics in [*claim.rglob("metrics.jsonl"), *claim2.rglob("metrics.jsonl")]:  # no held-out evaluation
             metrics.write_text(_jsonl(_curve_rows()))
         family = _family_results(tmp / "f", passk={"llm1": {"pass@1": 0.5}})  # scored with --ks 1 only
         tokenizer = _tokenizer(tmp / "t", bpe="#version: 0.2\nh\n")  # a merge without its second token
@@ -171,6 +188,8 @@ def _cases(klass: str, tmp: Path) -> dict[str, Case | str]:
             "plot frontier": (plot_frontier.main, [_summary_dir(tmp, "s", no_agents), "--out", png],
                               "KeyError: 'agents'"),
             "report claim": (claim_report.main, [str(claim), "--out", str(out)], "holds no held-out evaluation"),
+            "report claim2": (claim2_report.main, ["report", str(claim2), "--out", str(out)],
+                              "holds no held-out evaluation"),
             "report family": (family_report.main, [str(family), "--out", str(out)], "has no 'pass@4'"),
             "report paired": (paired_test.main, [str(_outcomes(tmp / "a", _outcome_rows(keep=3)).parent),
                                                  str(tmp / "a")], "is not whole (3 of 4 problems)"),
@@ -182,6 +201,7 @@ def _cases(klass: str, tmp: Path) -> dict[str, Case | str]:
         }  # fmt: skip
     if klass == "non-numeric":
         claim = _claim_results(tmp / "c", reward="high")
+        claim2 = _claim2_results(tmp / "c2", reward="high")
         family = _family_results(tmp / "f", summary=_summary(reward="0.5"))
         tokenizer = _tokenizer(tmp / "t", encoder=json.dumps({"h": "zero", "<|endoftext|>": 1}))
         return {
@@ -191,6 +211,8 @@ def _cases(klass: str, tmp: Path) -> dict[str, Case | str]:
                               'point 0: task_reward is "x", not a number'),
             "report claim": (claim_report.main, [str(claim), "--out", str(out)],
                              'eval/llm1/task_reward is "high", not a number'),
+            "report claim2": (claim2_report.main, ["report", str(claim2), "--out", str(out)],
+                              'eval/llm1/task_reward is "high", not a number'),
             "report family": (family_report.main, [str(family), "--out", str(out)],
                               'agents.llm1.task_reward is "0.5", not a number'),
             "report paired": (paired_test.main, [str(_outcomes(tmp / "a", _outcome_rows(vote="yes")).parent),
@@ -203,6 +225,7 @@ def _cases(klass: str, tmp: Path) -> dict[str, Case | str]:
         }  # fmt: skip
     if klass == "nan":
         claim = _claim_results(tmp / "c", kl=NAN)
+        claim2 = _claim2_results(tmp / "c2", kl=NAN)
         family = _family_results(tmp / "f", summary=_summary(kl=NAN))
         tokenizer = _tokenizer(tmp / "t", encoder=json.dumps({"h": NAN, "<|endoftext|>": 1}))
         return {
@@ -211,6 +234,7 @@ def _cases(klass: str, tmp: Path) -> dict[str, Case | str]:
             "plot frontier": (plot_frontier.main, [_summary_dir(tmp, "s", _summary(NAN)), "--out", png],
                               "no finite task_reward"),
             "report claim": (claim_report.main, [str(claim), "--out", str(out)], "eval/llm1/kl is NaN"),
+            "report claim2": (claim2_report.main, ["report", str(claim2), "--out", str(out)], "eval/llm1/kl is NaN"),
             "report family": (family_report.main, [str(family), "--out", str(out)], "agents.llm1.kl is NaN"),
             "report paired": (paired_test.main, [str(_outcomes(tmp / "a", _outcome_rows(vote=NAN)).parent),
                                                  str(tmp / "a")], "problem 0: vote is NaN"),
@@ -233,6 +257,8 @@ def _cases(klass: str, tmp: Path) -> dict[str, Case | str]:
                               "holds a list, not an object"),
             "report claim": (claim_report.main, [str(_claim_results(tmp / "c", summary="{")), "--out", str(out)],
                              "is not valid JSON"),
+            "report claim2": (claim2_report.main, ["report", str(_claim2_results(tmp / "c2", summary="{")), "--out",
+                                                   str(out)], "is not valid JSON"),
             "report family": (family_report.main, [str(_family_results(tmp / "f", summary="[]")), "--out", str(out)],
                               "holds a list, not an object"),
             "report paired": (paired_test.main, [str(tmp / "a"), str(tmp / "a")], "is not text"),
@@ -251,6 +277,8 @@ def _cases(klass: str, tmp: Path) -> dict[str, Case | str]:
                                                    str(blocked / "f.png")], "a_file is a file, not a folder"),
             "report claim": (claim_report.main, [str(_claim_results(tmp / "c")), "--out", str(blocked)],
                              "cannot write"),
+            "report claim2": (claim2_report.main, ["report", str(_claim2_results(tmp / "c2")), "--out", str(blocked)],
+                              "cannot write"),
             "report family": (family_report.main, [str(_family_results(tmp / "f")), "--out", str(blocked)],
                               "cannot write"),
             "report paired": "it writes nothing: its answer is printed",
@@ -264,7 +292,7 @@ def _cases(klass: str, tmp: Path) -> dict[str, Case | str]:
     raise AssertionError(klass)
 
 
-COMMANDS = ("plot curves", "plot frontier", "report claim", "report family", "report paired",
+COMMANDS = ("plot curves", "plot frontier", "report claim", "report claim2", "report family", "report paired",
             "measure reward-spread", "measure stop-latency", "sweep", "gpt2-small")  # fmt: skip
 SLOW = {"measure reward-spread", "measure stop-latency"}  # they build the tiny model before refusing
 
@@ -333,6 +361,8 @@ def test_an_unwritable_output_is_one_line(name, tmp_path, capsys):
             "error: cory-report claim: unrecognized arguments: --outt",
         ),
         (report.main, ["family", "results"], "the following arguments are required: --out"),
+        (report.main, ["claim2", "report", "results"], "the following arguments are required: --out"),
+        (report.main, ["claim2", "results"], "error: cory-report claim2: argument mode: invalid choice: 'results'"),
         (measure.main, ["stop-latency", "--snapshot"], "unrecognized arguments: --snapshot"),
         (report.main, ["paired", "a"], "error: two evaluations are compared, 1 given; usage: cory-report paired"),
     ],
@@ -363,6 +393,7 @@ def test_ctrl_c_is_one_line_and_exit_code_130_and_a_bug_keeps_its_traceback(caps
         ("cory.studies.plot", ["curves", "/no/such/folder"]),
         ("cory.studies.plot", ["frontier", "/no/such/folder"]),
         ("cory.studies.report", ["claim", "/no/such/folder", "--out", "/tmp/x"]),
+        ("cory.studies.report", ["claim2", "report", "/no/such/folder", "--out", "/tmp/x"]),
         ("cory.studies.report", ["family", "/no/such/folder", "--out", "/tmp/x"]),
         ("cory.studies.report", ["paired", "/no/such/a", "/no/such/b"]),
         ("cory.studies.measure", ["reward-spread", "--batches", "0"]),

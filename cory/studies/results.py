@@ -32,6 +32,7 @@ from cory.studies.command import StudyError
 
 SUMMARY, METRICS, RUN_CONFIG, PASSK = "summary.json", "metrics.jsonl", "run_config.yaml", "passk.json"
 OVERRIDES = (Path(".hydra") / "overrides.yaml", Path("overrides.yaml"))  # a run folder's, then a kept copy's
+HELD_OUT = {"reward": "task_reward", "kl": "kl", "combined": "combined_reward"}  # held_out's keys: eval/<agent>/<name>
 
 
 # ------------------------------------------------------------------------------------------------------- files
@@ -127,29 +128,37 @@ def metrics(path: Path) -> list[dict]:
     return read_metrics(path)
 
 
-def held_out(path: Path, agent: str = "llm1") -> list[dict]:
-    """`{iteration, reward, kl, combined}` of `agent`'s held-out evaluations in a `metrics.jsonl`, in order, each
-    value a finite number; none at all is refused (a finished run evaluates at least at its start and its end)."""
+def held_out(path: Path, agent: str = "llm1", keys: Iterable[str] = tuple(HELD_OUT)) -> list[dict]:
+    """`{iteration, reward, kl, combined}` (or the `keys` of them asked for) of `agent`'s held-out evaluations in a
+    `metrics.jsonl`, in order, each value a finite number; none at all is refused (a finished run evaluates at least
+    at its start and its end)."""
     out = []
     for row in metrics(path):
         if f"eval/{agent}/task_reward" not in row:
             continue
         where = f"{path} iteration {row['iteration']}"
-        out.append(
-            {
-                "iteration": row["iteration"],
-                "reward": number(row[f"eval/{agent}/task_reward"], f"{where}: eval/{agent}/task_reward"),
-                "kl": number(field(row, f"eval/{agent}/kl", where), f"{where}: eval/{agent}/kl"),
-                "combined": number(
-                    field(row, f"eval/{agent}/combined_reward", where), f"{where}: eval/{agent}/combined_reward"
-                ),
-            }
-        )
+        point = {"iteration": row["iteration"]}
+        for key in keys:
+            name = f"eval/{agent}/{HELD_OUT[key]}"
+            point[key] = number(field(row, name, where), f"{where}: {name}")
+        out.append(point)
     if not out:
         raise StudyError(
             f"{path} holds no held-out evaluation of {agent} (eval/{agent}/task_reward); is it a whole run?"
         )
     return out
+
+
+def evaluated_agents(path: Path) -> list[str]:
+    """The agents a `metrics.jsonl` holds held-out evaluations of (`eval/<agent>/task_reward`), in the order first
+    logged: PPO's run has llm1 only, CORY's llm1 and llm2."""
+    found = {}
+    for row in metrics(path):
+        for key in row:
+            parts = key.split("/")
+            if len(parts) == 3 and parts[0] == "eval" and parts[2] == "task_reward":
+                found.setdefault(parts[1], None)
+    return list(found)
 
 
 def column(rows: list[dict], key: str, path: Path) -> list[float]:

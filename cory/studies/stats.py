@@ -1,9 +1,17 @@
-"""The statistics of the study reports, in one place: spreads over seeds, the t interval of a mean, Welch's interval
-of a difference of means, and the paired test (with McNemar's exact test) of two evaluations of the same problems.
+"""The statistics of the study reports, in one place: spreads over seeds, the t interval of a mean (and of a geometric
+mean), the seeds a t interval of a given width needs, Welch's interval of a difference of means, and the paired test
+(with McNemar's exact test) of two evaluations of the same problems.
 
 - `spread`: mean, s.d. (n − 1), min, max over seeds.
-- `t_interval`: the mean of n values with its t interval, s.d./√n · t(n − 1) (the claim study's paired per-seed
+- `t_quantile`: t(df), the (1 + level)/2 quantile of Student's t with df degrees of freedom: what a two-sided
+  interval of that level multiplies its standard error by (t(7) = 2.365 at 95 %).
+- `t_interval`: the mean of n values with its t interval, s.d./√n · t(n − 1) (the claim studies' paired per-seed
   differences).
+- `ratio_interval`: the geometric mean of n positive ratios with its t interval, exp(m ± s/√n · t(n − 1)) for m and
+  s the mean and s.d. of the ratios' logs (the second claim study's per-seed KL ratios: a ratio's spread is
+  multiplicative, and the interval of a ratio and of its inverse are each other's inverses).
+- `seeds_needed`: the fewest n whose t interval of a mean, ± t(n − 1) · s.d./√n, is at most a given half-width
+  for a given s.d. (the sizing of a study from a previous one's spread).
 - `welch`: mean(a) − mean(b) with s.e. = √(s_a²/n_a + s_b²/n_b) and Welch–Satterthwaite degrees of freedom
   (the family table: independent seeds of two algorithms).
 - `paired_test`: two evaluations A and B on the same n problems, with x_i, y_i their outcomes on problem i: the
@@ -26,10 +34,12 @@ from dataclasses import dataclass
 Z95 = 1.959963984540054  # the standard normal's 97.5 % quantile
 
 
-def _t_quantile(p: float, df: float) -> float:
+def t_quantile(df: float, level: float = 0.95) -> float:
+    """Student's t quantile of `df` degrees of freedom at (1 + level)/2: the factor by which a two-sided `level`
+    interval scales its standard error (2.365 for 7 degrees of freedom at 95 %)."""
     from scipy import stats
 
-    return float(stats.t.ppf(p, df))
+    return float(stats.t.ppf(0.5 + level / 2, df))
 
 
 def spread(values: Sequence[float]) -> dict | None:
@@ -54,8 +64,26 @@ def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, flo
     if n < 2:
         return mean, math.nan, math.nan
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    half = _t_quantile(0.5 + level / 2, n - 1) * sd / math.sqrt(n)
+    half = t_quantile(n - 1, level) * sd / math.sqrt(n)
     return mean, mean - half, mean + half
+
+
+def ratio_interval(ratios: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
+    """(geometric mean, low, high) of positive `ratios`: `t_interval` of their logs, exponentiated (module
+    docstring); no ratio gives NaNs, one gives the ratio with NaN bounds."""
+    if any(not r > 0 for r in ratios):
+        raise ValueError(f"a geometric mean needs positive ratios (got {[r for r in ratios if not r > 0]})")
+    mean, low, high = t_interval([math.log(r) for r in ratios], level)
+    return math.exp(mean), math.exp(low), math.exp(high)  # exp(NaN) is NaN: an undefined bound stays undefined
+
+
+def seeds_needed(sd: float, half_width: float, level: float = 0.95, most: int = 1000) -> int:
+    """The fewest seeds n ≥ 2 whose t interval of a mean, ± t(n − 1) · sd/√n, is at most `half_width` wide on each
+    side, for values of s.d. `sd`; `most` when even that many are not enough."""
+    for n in range(2, most + 1):
+        if t_quantile(n - 1, level) * sd / math.sqrt(n) <= half_width:
+            return n
+    return most
 
 
 def welch(a: Sequence[float], b: Sequence[float], level: float = 0.95) -> dict | None:
@@ -69,7 +97,7 @@ def welch(a: Sequence[float], b: Sequence[float], level: float = 0.95) -> dict |
     if se == 0:
         return {"diff": diff, "se": 0.0, "df": math.inf, "ci95": [diff, diff]}
     df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    half = _t_quantile(0.5 + level / 2, df) * se
+    half = t_quantile(df, level) * se
     return {"diff": diff, "se": se, "df": df, "ci95": [diff - half, diff + half]}
 
 

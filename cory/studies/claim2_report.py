@@ -1,11 +1,11 @@
 """The second IMDB claim study: its pre-registered statistics, gate and verdicts (docs/results.md, "Pre-registration
 2"), and the arithmetic that sized it.
 
-    python scripts/claim2_report.py report outputs/claim2/results --out outputs/claim2
-    python scripts/claim2_report.py plan outputs/claim/results --spread outputs/claim/reward_spread.json \\
+    cory-report claim2 report outputs/claim2/results --out outputs/claim2
+    cory-report claim2 plan outputs/claim/results --spread outputs/claim/reward_spread.json \\
         --bounded-spread outputs/claim2/reward_spread_probability.json
-    python scripts/claim2_report.py unsaturated outputs/claim2/results     # the runs the rule extends to 200
-    python scripts/claim2_report.py pilot outputs/claim2/pilot/results     # the learning rate the pilot's rule picks
+    cory-report claim2 unsaturated outputs/claim2/results     # the runs the rule extends to 200
+    cory-report claim2 pilot outputs/claim2/pilot/results     # the learning rate the pilot's rule picks
 
 `report` reads each run's `metrics.jsonl` under `RESULTS/experiment=<arm>/seed=<n>/` (what `cory-sweep
 --results` copies), pairs the arms of a seed (`COMPARISONS`) and writes `claim2.json`, `claim2.md` and `claim2.png`
@@ -22,20 +22,24 @@ Every statistic is a pure function of the held-out curves (`curve`): the rewards
     CORY / PPO, averaged on the log scale (a geometric mean with its t interval).
 The gate: a run is saturated when its last `LAST` held-out rewards are all ≥ `SATURATED` (`saturated`); statistic
 (b) of a comparison is decided only when at least `MIN_SEEDS` seeds have both runs saturated.
+The statistics are `cory.studies.stats`'s, the files are read by `cory.studies.results`: a corrupt, partial or
+non-numeric result, a folder without runs, an unfinished pilot or an unwritable `--out` is one line and exit code 2.
+The same command: `python -m cory.studies.claim2_report`.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
+import statistics
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from cory.studies.stats import t_interval  # noqa: E402  (mean, low, high): the family and claim reports' own
+from cory import figures
+from cory.studies import command, results
+from cory.studies.command import StudyError
+from cory.studies.stats import ratio_interval, seeds_needed, spread, t_interval, t_quantile
 
 # ------------------------------------------------------------------------------------- pre-registered constants
 CEILING = 1.0  # the bounded reward's ceiling: P(positive) ≤ 1
@@ -60,18 +64,13 @@ ARMS = {
 }
 # comparison → (CORY arm, PPO arm)
 COMPARISONS = {"main": ("cory", "ppo"), "released": ("released", "ppo"), "priced": ("released", "priced")}
+AGENTS = ("llm1", "llm2")  # llm1 decides (PPO's only agent); CORY's llm2 is reported beside it
 
 
 # ------------------------------------------------------------------------------------------------- the curves
 def curve(metrics: Path, agent: str = "llm1") -> list[dict]:
     """`{iteration, reward, kl}` of an agent's held-out evaluations, in order (from a run's `metrics.jsonl`)."""
-    from cory.loggers import read_metrics
-
-    return [
-        {"iteration": r["iteration"], "reward": r[f"eval/{agent}/task_reward"], "kl": r[f"eval/{agent}/kl"]}
-        for r in read_metrics(metrics)
-        if f"eval/{agent}/task_reward" in r
-    ]
+    return results.held_out(metrics, agent, ("reward", "kl"))
 
 
 def first_crossing(xs: list[float], ys: list[float], level: float) -> float:
@@ -102,27 +101,7 @@ def saturated(points: list[dict], level: float = SATURATED, last: int = LAST) ->
     return len(points) >= last and all(p["reward"] >= level for p in points[-last:])
 
 
-# ------------------------------------------------------------------------------------------------- statistics
-def t_quantile(dof: int, level: float = 0.95) -> float:
-    from scipy import stats
-
-    return float(stats.t.ppf(0.5 + level / 2, dof))
-
-
-def ratio_interval(ratios: list[float], level: float = 0.95) -> tuple[float, float, float]:
-    """(geometric mean, low, high) of positive ratios: the t interval of their logs, exponentiated."""
-    mean, low, high = t_interval([math.log(r) for r in ratios], level)
-    return tuple(math.exp(v) if not math.isnan(v) else math.nan for v in (mean, low, high))
-
-
-def seeds_needed(sd: float, half_width: float, level: float = 0.95, most: int = 1000) -> int:
-    """The fewest seeds n ≥ 2 whose t interval of a mean, t(n − 1)·sd/√n, is at most `half_width`."""
-    for n in range(2, most + 1):
-        if t_quantile(n - 1, level) * sd / math.sqrt(n) <= half_width:
-            return n
-    return most
-
-
+# --------------------------------------------------------------------------------------------------- verdicts
 def verdict_reward(low: float, high: float) -> str:
     """Statistic (a), CORY − PPO at matched KL: CORY better if the interval is above 0; not better if it lies below
     +MARGIN (equal or worse); else undecided."""
@@ -140,21 +119,16 @@ def verdict_ratio(low: float, high: float) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ comparisons
-def finished(folder: Path) -> bool:
-    try:
-        return bool(json.loads((folder / "summary.json").read_text()).get("completed"))
-    except (OSError, ValueError):
-        return False
-
-
-def load_runs(results: Path) -> dict[tuple[str, int], dict[str, list[dict]]]:
-    """(arm, seed) → {agent: held-out curve} of every finished run under `results`."""
+def load_runs(kept: Path) -> dict[tuple[str, int], dict[str, list[dict]]]:
+    """(arm, seed) → {agent: held-out curve} of every finished run under `kept` (llm1 always, llm2 where the run
+    evaluated one)."""
     runs = {}
     for arm, experiment in ARMS.items():
-        for folder in sorted((results / f"experiment={experiment}").glob("seed=*")):
-            if finished(folder):
-                agents = {a: curve(folder / "metrics.jsonl", a) for a in ("llm1", "llm2")}
-                runs[(arm, int(folder.name.split("=", 1)[1]))] = {a: c for a, c in agents.items() if c}
+        for _, seed, folder in results.kept_runs(kept, f"experiment={experiment}"):
+            if results.finished(folder):
+                path = folder / results.METRICS
+                evaluated = results.evaluated_agents(path)
+                runs[(arm, seed)] = {a: curve(path, a) for a in AGENTS if a == "llm1" or a in evaluated}
     return runs
 
 
@@ -185,7 +159,7 @@ def compare(runs: dict, cory_arm: str, ppo_arm: str, agent: str = "llm1") -> dic
         decided = verdict_reward(low, high) if len(diffs) >= MIN_SEEDS else "undecided"
         out["reward_at_kl"][str(level)] = {"n": len(diffs), "mean": mean, "ci95": [low, high], "verdict": decided}
     ratios = [s["kl_ratio"] for s in per_seed if s["saturated"] and not math.isnan(s["kl_ratio"])]
-    mean, low, high = ratio_interval(ratios) if ratios else (math.nan,) * 3
+    mean, low, high = ratio_interval(ratios)
     decided = verdict_ratio(low, high) if out["gate"] and len(ratios) >= MIN_SEEDS else "undecided"
     out["kl_ratio"] = {"n": len(ratios), "geometric_mean": mean, "ci95": [low, high], "verdict": decided}
     return out
@@ -235,44 +209,47 @@ def choose_learning_rate(pilot: dict[float, dict[str, list[dict]]], rise: float 
     return max(good) if good else min(pilot)
 
 
-def pilot_curves(results: Path) -> dict[float, dict[str, list[dict]]]:
+def pilot_curves(kept: Path) -> dict[float, dict[str, list[dict]]]:
     """{learning rate: {experiment: llm1's held-out curve}} of the pilot's finished runs, from their folder names
     (`algorithm.agent.learning_rate=<lr>,experiment=<arm>/seed=<n>`, as `cory-sweep` names them)."""
     pilot: dict[float, dict[str, list[dict]]] = {}
-    for folder in sorted(results.glob("*/seed=*")):
-        keys = dict(part.split("=", 1) for part in folder.parent.name.split(","))
-        if finished(folder) and "algorithm.agent.learning_rate" in keys:
-            lr = float(keys["algorithm.agent.learning_rate"])
-            pilot.setdefault(lr, {})[keys.get("experiment", "run")] = curve(folder / "metrics.jsonl")
+    for _, _, folder in results.kept_runs(kept, "*"):
+        keys = dict(part.split("=", 1) for part in folder.parent.name.split(",") if "=" in part)
+        if "algorithm.agent.learning_rate" in keys and results.finished(folder):
+            try:
+                lr = float(keys["algorithm.agent.learning_rate"])
+            except ValueError:
+                raise StudyError(f"{folder.parent}: the learning rate in its name is not a number") from None
+            pilot.setdefault(lr, {})[keys.get("experiment", "run")] = curve(folder / results.METRICS)
     return pilot
 
 
-def betas(spread: dict, bounded: dict) -> dict[str, float]:
-    """The KL coefficients from the initial model's reward spreads (`scripts/reward_spread.py`): `main`, the paper's
-    β 0.3 per unit of the logit's σ(r1) carried over to the bounded reward's σ(r1); `priced`, what the released
-    CORY's β 0.4 on R̃ = (R − μ)/σ(R) costs per unit of the bounded collective reward R, 0.4·σ(R)."""
+def betas(logit: dict, bounded: dict) -> dict[str, float]:
+    """The KL coefficients from the initial model's reward spreads (`cory-measure reward-spread`, on the logit and on
+    the bounded reward): `main`, the paper's β 0.3 per unit of the logit's σ(r1) carried over to the bounded reward's
+    σ(r1); `priced`, what the released CORY's β 0.4 on R̃ = (R − μ)/σ(R) costs per unit of the bounded collective
+    reward R, 0.4·σ(R)."""
     return {
-        "main": PAPER_BETA * bounded["std_r1"] / spread["std_r1"],
+        "main": PAPER_BETA * bounded["std_r1"] / logit["std_r1"],
         "priced": RELEASED_BETA * bounded["std_r1_plus_r2"],
-        "priced_logit": RELEASED_BETA * spread["std_r1_plus_r2"],
+        "priced_logit": RELEASED_BETA * logit["std_r1_plus_r2"],
     }
 
 
 def paired_spread(old_results: Path, levels: tuple[float, ...] = KL_LEVELS) -> dict[str, float]:
     """From the first study's committed runs (arm A: `imdb_claim_cory` vs `imdb_claim_ppo`, llm1): the s.d. over
     seeds of the paired difference of held-out reward (TF-IDF logit) at each matched KL level."""
+    pairs = []
+    for _, _, folder in results.kept_runs(old_results, "experiment=imdb_claim_cory"):
+        ppo = old_results / "experiment=imdb_claim_ppo" / folder.name
+        pairs.append((curve(folder / results.METRICS), curve(ppo / results.METRICS)))
     per_level = {}
     for level in levels:
-        diffs = []
-        for folder in sorted((old_results / "experiment=imdb_claim_cory").glob("seed=*")):
-            ppo = old_results / "experiment=imdb_claim_ppo" / folder.name
-            d = reward_at_kl(curve(folder / "metrics.jsonl"), level) - reward_at_kl(
-                curve(ppo / "metrics.jsonl"), level
-            )
-            if not math.isnan(d):
-                diffs.append(d)
-        mean = sum(diffs) / len(diffs)
-        per_level[str(level)] = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1))
+        diffs = [reward_at_kl(cory, level) - reward_at_kl(ppo, level) for cory, ppo in pairs]
+        diffs = [d for d in diffs if not math.isnan(d)]
+        if len(diffs) < 2:  # an s.d. needs two seeds
+            raise StudyError(f"fewer than two seeds of arm A under {old_results} reach {level:g} nats in both runs")
+        per_level[str(level)] = spread(diffs)["sd"]
     return per_level
 
 
@@ -293,22 +270,25 @@ def run_cost(old_results: Path) -> dict[str, dict[str, float]]:
     """Per experiment of the first study: seconds per training iteration (median of `time/iteration_s` over its
     runs' iterations) and per held-out evaluation of 512 prompts ((wall time − Σ iteration times) / evaluations,
     mean over runs: what is not an iteration is an evaluation, a checkpoint or the start)."""
-    import statistics
-
-    from cory.loggers import read_metrics
-
+    per_experiment: dict[str, list[Path]] = {}
+    for experiment, _, folder in results.kept_runs(old_results, "experiment=*"):
+        per_experiment.setdefault(experiment, []).append(folder)
     out = {}
-    for exp_folder in sorted(old_results.glob("experiment=*")):
+    for experiment, folders in per_experiment.items():
         its, evals, walls = [], [], []
-        for folder in sorted(exp_folder.glob("seed=*")):
-            rows = read_metrics(folder / "metrics.jsonl")
-            times = [r["time/iteration_s"] for r in rows if "time/iteration_s" in r]
-            n_eval = sum(1 for r in rows if "eval/llm1/task_reward" in r)
-            wall = json.loads((folder / "summary.json").read_text())["wall_time_s"]
+        for folder in folders:
+            path = folder / results.METRICS
+            rows = results.metrics(path)
+            times = results.column(rows, "time/iteration_s", path)
+            n_eval = len(results.column(rows, "eval/llm1/task_reward", path))
+            if not times or not n_eval:
+                raise StudyError(f"{path} holds no timed iteration or no held-out evaluation; is it a whole run?")
+            where = folder / results.SUMMARY
+            wall = results.number(results.field(results.read_json(where), "wall_time_s", str(where)), str(where))
             its += times
             evals.append((wall - sum(times)) / n_eval)
             walls.append(wall)
-        out[exp_folder.name.split("=", 1)[1]] = {
+        out[experiment] = {
             "iteration_s": statistics.median(its),
             "evaluation_s": statistics.fmean(evals),
             "runs": len(walls),
@@ -334,8 +314,8 @@ def projected_hours(
 
 
 # ------------------------------------------------------------------------------------------------------ output
-def report(results: Path) -> dict:
-    runs = load_runs(results)
+def report(runs: dict) -> dict:
+    """The comparisons of llm1 (and of llm2 beside them) and the readings, from `load_runs`."""
     comparisons = {name: compare(runs, *pair) for name, pair in COMPARISONS.items()}
     secondary = {f"{name}_llm2": compare(runs, *pair, agent="llm2") for name, pair in COMPARISONS.items()}
     return {"comparisons": comparisons, "llm2": secondary, "readings": readings(comparisons)}
@@ -383,17 +363,18 @@ def markdown(rep: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(results: Path, out: Path) -> None:
-    import matplotlib
+def plot(runs: dict, out: Path) -> None:
+    """Held-out reward against held-out KL of llm1, one line per run and seed, coloured by arm; the matched-KL levels
+    dotted, the saturated reward dashed."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    runs = load_runs(results)
     if not runs:
         return
-    fig, ax = plt.subplots(figsize=(7, 5), constrained_layout=True)
-    colors = dict(zip(ARMS, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
+    fig = Figure(figsize=(7, 5), constrained_layout=True)
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    colors = {arm: f"C{i % 10}" for i, arm in enumerate(ARMS)}
     labelled = set()
     for (arm, _seed), agents in sorted(runs.items()):
         c = agents["llm1"]
@@ -406,17 +387,23 @@ def plot(results: Path, out: Path) -> None:
     ax.set(xlabel="held-out KL to π0 (nats)", ylabel="held-out task reward, P(positive)",
            title="every seed, one line each; dotted: matched-KL levels")  # fmt: skip
     ax.legend(fontsize=8)
-    fig.savefig(out)
-    plt.close(fig)
+    figures.save(fig, out, dpi=100)
 
 
-def plan(old_results: Path, spread: Path, bounded_spread: Path | None) -> dict:
+def _spread_file(path: Path) -> dict[str, float]:
+    """σ(r1) and σ(r1 + r2) of a `cory-measure reward-spread` file."""
+    found = results.read_json(path)
+    return {key: results.number(results.field(found, key, str(path)), f"{path}: {key}")
+            for key in ("std_r1", "std_r1_plus_r2")}  # fmt: skip
+
+
+def plan(old_results: Path, spread_file: Path, bounded_spread: Path | None) -> dict:
     """The pre-registration's arithmetic from the first study's committed files."""
     sd_logit = paired_spread(old_results)
-    ppo = [curve(f / "metrics.jsonl") for f in sorted((old_results / "experiment=imdb_claim_ppo").glob("seed=*"))]
+    ppo = [curve(f / results.METRICS) for _, _, f in results.kept_runs(old_results, "experiment=imdb_claim_ppo")]
     # the logit where the comparisons happen: PPO's held-out mean reward at the largest matched KL level
     at = [reward_at_kl(c, max(KL_LEVELS)) for c in ppo]
-    spread_logit = json.loads(spread.read_text())
+    spread_logit = _spread_file(spread_file)
     slope = sigmoid_slope(sum(at) / len(at), spread_logit["std_r1"])
     worst = max(sd_logit.values())
     out = {
@@ -429,67 +416,86 @@ def plan(old_results: Path, spread: Path, bounded_spread: Path | None) -> dict:
     }
     out["projected"] = projected_hours(out["cost"])
     out["pilot"] = projected_hours(out["cost"], seeds=3, iterations=40, arms=("ppo", "cory"))
-    matched = json.loads((old_results.parent / "claim.json").read_text())["arms"]["A"]["seeds"]
-    logs = [math.log(s["kl_ratio_at_matched_reward"]) for s in matched]
-    mean = sum(logs) / len(logs)
-    out["log_kl_ratio_sd"] = math.sqrt(sum((v - mean) ** 2 for v in logs) / (len(logs) - 1))
+    where = old_results.parent / "claim.json"  # the first study's report: its per-seed KL ratios at matched reward
+    arm_a = results.field(results.field(results.read_json(where), "arms", str(where)), "A", f"{where} arms")
+    seeds = results.field(arm_a, "seeds", f"{where} arm A")
+    logs = [
+        math.log(results.number(results.field(s, "kl_ratio_at_matched_reward", f"{where} arm A seed"), str(where)))
+        for s in seeds
+    ]
+    out["log_kl_ratio_sd"] = spread(logs)["sd"]
+    # the interval of a geometric mean over SEEDS seeds spans ×/÷ this factor around it
     out["ratio_factor_8_seeds"] = math.exp(t_quantile(SEEDS - 1) * out["log_kl_ratio_sd"] / math.sqrt(SEEDS))
     if bounded_spread is not None:
-        out["betas"] = betas(spread_logit, json.loads(bounded_spread.read_text()))
+        out["betas"] = betas(spread_logit, _spread_file(bounded_spread))
     return out
 
 
-def unsaturated(results: Path) -> list[str]:
+def unsaturated(kept: Path) -> list[str]:
     """`experiment=<arm>/seed=<n>` of the finished runs whose llm1 fails the gate and that have not yet run to
     EXTENDED_LENGTH iterations: the runs the rule continues."""
     todo = []
-    for (arm, seed), agents in sorted(load_runs(results).items()):
+    for (arm, seed), agents in sorted(load_runs(kept).items()):
         points = agents["llm1"]
         if not saturated(points) and points[-1]["iteration"] < EXTENDED_LENGTH:
             todo.append(f"experiment={ARMS[arm]}/seed={seed}")
     return todo
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
-    rep = sub.add_parser("report", help="statistics, verdicts and the figure from the committed runs")
-    rep.add_argument("results", type=Path)
-    rep.add_argument("--out", type=Path, required=True)
-    pl = sub.add_parser("plan", help="seeds, KL coefficients and cost from the first study's committed files")
-    pl.add_argument("old_results", type=Path)
+def _has_runs(kept: Path) -> None:
+    """Refuses a folder without any `<what varies>/seed=<n>/metrics.jsonl`: a wrong path, or a sweep not yet run."""
+    if not any((folder / results.METRICS).is_file() for _, _, folder in results.kept_runs(kept, "*")):
+        raise StudyError(f"no run results under {kept} (expected <what varies>/seed=<n>/metrics.jsonl)")
+
+
+MODES = {  # mode → what it does (its `--help` line)
+    "report": "statistics, verdicts and the figure from the committed runs",
+    "plan": "seeds, KL coefficients and cost from the first study's committed files",
+    "unsaturated": "the finished runs the rule continues to 200 iterations",
+    "pilot": "the learning rate the pilot's rule picks",
+}
+
+
+def run(argv: Sequence[str] | None = None, prog: str = "cory-report claim2") -> int:
+    parser = command.parser(prog, __doc__)
+    sub = parser.add_subparsers(dest="mode", required=True)
+    rep, pl, un, pi = (sub.add_parser(name, help=what, description=what) for name, what in MODES.items())
+    rep.add_argument("results", type=Path, help="the folder of copied run results (experiment=*/seed=*/)")
+    rep.add_argument("--out", type=Path, required=True, help="where claim2.{json,md,png} go")
+    pl.add_argument("old_results", type=Path, help="the first study's copied run results (outputs/claim/results)")
     pl.add_argument("--spread", type=Path, required=True, help="the first study's reward_spread.json (logits)")
     pl.add_argument("--bounded-spread", type=Path, help="the same measured with task.reward.bound=probability")
-    un = sub.add_parser("unsaturated", help="the finished runs the rule continues to 200 iterations")
-    un.add_argument("results", type=Path)
-    pi = sub.add_parser("pilot", help="the learning rate the pilot's rule picks")
-    pi.add_argument("results", type=Path)
+    un.add_argument("results", type=Path, help="the study's copied run results")
+    pi.add_argument("results", type=Path, help="the pilot's copied run results (algorithm.agent.learning_rate=...)")
     args = parser.parse_args(argv)
 
-    if args.command == "plan":
+    if args.mode == "plan":
         print(json.dumps(plan(args.old_results, args.spread, args.bounded_spread), indent=2))
         return 0
-    if not any(args.results.glob("*/seed=*/metrics.jsonl")):
-        print(f"error: no run results under {args.results} (expected <what varies>/seed=<n>/metrics.jsonl)")
-        return 2
-    if args.command == "unsaturated":
+    _has_runs(args.results)
+    if args.mode == "unsaturated":
         print("\n".join(unsaturated(args.results)))
         return 0
-    if args.command == "pilot":
+    if args.mode == "pilot":
         pilot = pilot_curves(args.results)
         tried = {lr: sorted(methods) for lr, methods in sorted(pilot.items())}
         if len(tried) < 3 or any(len(m) < 2 for m in tried.values()):
-            print(f"error: the pilot is not finished (finished runs: {tried}); run it to the end first")
-            return 2
+            raise StudyError(f"the pilot is not finished (finished runs: {tried}); run it to the end first")
         print(f"learning rate by the pilot's rule: {choose_learning_rate(pilot):g}")
         return 0
-    result = report(args.results)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "claim2.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / "claim2.md").write_text(markdown(result))
-    plot(args.results, args.out / "claim2.png")
+    runs = load_runs(args.results)
+    result = report(runs)
+    with command.output(args.out):
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "claim2.json").write_text(json.dumps(result, indent=2) + "\n")
+        (args.out / "claim2.md").write_text(markdown(result))
+        plot(runs, args.out / "claim2.png")
     print(markdown(result))
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return command.guard(run, argv)
 
 
 if __name__ == "__main__":
