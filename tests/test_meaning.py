@@ -328,7 +328,7 @@ WRONG_VERSIONS: dict[Check, dict[str, Callable[[pytest.MonkeyPatch], None]]] = {
             Chain, "prompt", ("if self.knowledge_transfer else []", "if False else []")
         ),
         "observer prompt with an empty a1": _patch(
-            Chain, "prompt", ("observer_prompt(query, shown[-1])", 'observer_prompt(query, "")')
+            Chain, "prompt", ('self.joiner.join(shown) if self.sees == "all" else shown[-1]', '""')
         ),
     },
     check_both_agents_learn_the_collective_reward: {

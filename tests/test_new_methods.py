@@ -11,15 +11,20 @@ from __future__ import annotations
 import math
 import os
 import signal
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers.compose import compose_cfg
+from helpers.compose import CONF_DIR, compose_cfg
 from helpers.cory_setup import QUERIES, make_cory
 from helpers.runners import assert_same_rows, read_rows, resume, resume_run, start, start_run, wait_for_train_row
+from hydra.utils import instantiate
 
+from cory.algorithms.agents import AgentSet
 from cory.algorithms.credit import Collective, Counterfactual
+from cory.algorithms.episodes import Chain
+from cory.errors import ConfigError
 from cory.ppo import core as ppo_core
 from cory.ppo.estimators import GAE, GRPO, EstimatorInputs
 from cory.ppo.learner import PPOLearner, Update
@@ -181,20 +186,122 @@ def test_with_the_kl_in_the_loss_the_rewards_carry_no_penalty():
 
 
 # ------------------------------------------------------------------------------------------------ three-role chain
-def test_each_role_of_the_chain_sees_the_answer_before_it_and_roles_rotate_over_three_agents():
+def test_each_role_of_the_chain_sees_the_answers_before_it_and_roles_rotate_over_three_agents():
     team, log = stub_team("algorithm=cory_chain3", "algorithm.schedule.period=1")
     out = team.step(0)
     acts = [(name, prompts) for kind, name, prompts, *_ in log if kind == "act"]
     assert [name for name, _ in acts] == ["llm1", "llm2", "llm3"]
     task = team.task
     assert acts[1][1] == [task.observer_prompt(q, f"llm1({q})") for q in QUERIES]
-    assert acts[2][1] == [task.observer_prompt(q, f"llm2({p})") for q, p in zip(QUERIES, acts[1][1])]
+    # the second observer sees the pioneer's and the observer's answers, in role order, a blank line between them
+    want = [task.observer_prompt(q, f"llm1({q})\n\nllm2({p})") for q, p in zip(QUERIES, acts[1][1])]
+    assert acts[2][1] == want
     # collective reward: every role learns r1 + r2 + r3 = 0.5 + 1 + 1
     assert [entry[2] for entry in log if entry[0] == "update"] == [[2.5] * len(QUERIES)] * 3
     assert {"train/second_observer/task_reward", "train/second_observer/kl"} <= set(out.metrics)
     assert [team.roles(k)["pioneer"] for k in range(4)] == ["llm1", "llm2", "llm3", "llm1"]
     assert [team.step(k).metrics["cory/llm1_role"] for k in (1, 2, 3)] == [2.0, 1.0, 0.0]
     assert team.describe()["algorithm"] == "cory_chain3"
+
+
+class TemplateTask:
+    """A task with a visible observer template: `[q]` alone, `<q|answers>` with what a role sees."""
+
+    generation_kwargs: dict = {}
+    max_new_tokens = (1, 5)
+
+    def pioneer_prompt(self, query: str) -> str:
+        return f"[{query}]"
+
+    def observer_prompt(self, query: str, pioneer_response: str) -> str:
+        return f"<{query}|{pioneer_response}>"
+
+
+class CountingActor:
+    """Answers `<name><call>` (its `call`-th batch, counted from 1) whatever the prompt, and records the prompts."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.prompts = name, []
+
+    def act(self, prompts, max_new_tokens, generation_kwargs, batch_size):
+        self.prompts.append(list(prompts))
+        return SimpleNamespace(responses=[f"{self.name}{len(self.prompts)}" for _ in prompts])
+
+
+def chain(sees: str, roles=("pioneer", "observer", "second_observer"), joiner: str = " + ") -> Chain:
+    return Chain(roles, knowledge_transfer=True, frozen_roles=(), name="chain", sees=sees, joiner=joiner)
+
+
+def play(episode: Chain, queries=("q",)):
+    actors = [CountingActor(n) for n in ("a", "b", "c")[: len(episode.roles)]]
+    scorer = lambda queries, responses: ([float(len(r)) for r in responses], 0)  # noqa: E731
+    played = episode.play(actors, TemplateTask(), scorer, list(queries), max_new_tokens=5, batch_size=1)
+    return actors, played
+
+
+@pytest.mark.parametrize(("sees", "third"), [("all", "<q|a1 + b1>"), ("latest", "<q|b1>")])
+def test_the_third_role_sees_every_earlier_answer_or_the_latest_through_the_template(sees, third):
+    actors, played = play(chain(sees))
+    assert [a.prompts for a in actors] == [[["[q]"]], [["<q|a1>"]], [[third]]]
+    assert [r.responses for r in played.rollouts] == [["a1"], ["b1"], ["c1"]]
+    # two roles: the observer's prompt is CORY's either way
+    assert play(chain(sees, roles=("pioneer", "observer")))[0][1].prompts == [["<q|a1>"]]
+
+
+@pytest.mark.parametrize(("sees", "replayed"), [("all", "<q|b2>"), ("latest", "<q|b2>")])
+def test_without_the_first_answer_later_roles_see_the_answers_still_there(sees, replayed):
+    actors, played = play(chain(sees))
+    assert played.without(0) == [None, [2.0], [2.0]]  # the observer and the second observer answered again
+    assert actors[1].prompts[-1] == ["[q]"]  # the observer on the query alone
+    assert actors[2].prompts[-1] == [replayed]  # the observer's new answer, not the removed a1
+    actors, played = play(chain(sees))
+    played.without(1)
+    assert actors[2].prompts[-1] == ["<q|a1>"]  # the pioneer's answer is still there
+    assert played.without(2) == [[2.0], [2.0], None] and played.replays == 1  # nothing follows the last role
+
+
+def test_the_longest_prompt_holds_every_answer_a_role_can_see():
+    task = TemplateTask()
+    assert chain("all").longest_prompt(task, "q", 5) == ("<q| + >", 10)  # two empty answers joined, 2 × 5 tokens
+    assert chain("latest").longest_prompt(task, "q", 5) == ("<q|>", 5)
+    for sees in ("all", "latest"):
+        assert chain(sees, roles=("pioneer", "observer")).longest_prompt(task, "q", 5) == ("<q|>", 5)
+        assert chain(sees, roles=("pioneer",)).longest_prompt(task, "q", 5) is None
+        alone = Chain(("actor1", "actor2", "actor3"), False, (), "team3", sees=sees)
+        assert alone.longest_prompt(task, "q", 5) is None
+
+
+@pytest.mark.parametrize(("sees", "needed"), [("latest", 5 + 5 + 5), ("all", 8 + 2 * 5 + 5)])
+def test_the_context_check_counts_every_answer_the_last_role_sees(sees, needed):
+    # one token a character: `<qq| + >` is 8 tokens, `<qq|>` 5; each answer up to 5 tokens, and the role's own
+    actor = SimpleNamespace(context_length=lambda: needed, token_counts=lambda texts: [len(t) for t in texts])
+    agents = SimpleNamespace(
+        agents={"llm1": SimpleNamespace(actor=actor)},
+        schedule=SimpleNamespace(queries=["q", "qq"]),
+        final_queries=[],
+        task=TemplateTask(),
+    )
+    episode = chain(sees)
+    AgentSet._check_context(agents, episode.longest_prompt)  # fits exactly
+    actor.context_length = lambda: needed - 1
+    with pytest.raises(ConfigError) as err:
+        AgentSet._check_context(agents, episode.longest_prompt)
+    assert f"is {needed} tokens, more than the model's context of {needed - 1}" in str(err.value)
+
+
+def test_an_unknown_sees_is_refused_in_one_line():
+    with pytest.raises(ConfigError) as err:
+        chain("everything")
+    assert str(err.value) == "algorithm.episode.sees='everything': one of ['latest', 'all']"
+
+
+def test_every_episode_file_builds_a_chain_and_only_the_chain_of_three_shows_every_answer():
+    episodes = sorted(p.stem for p in (Path(CONF_DIR) / "algorithm" / "episode").glob("*.yaml"))
+    assert {"single", "pioneer_observer", "chain3", "team3"} <= set(episodes)
+    for name in episodes:
+        built = instantiate(compose_cfg(["experiment=smoke", f"algorithm/episode={name}"]).algorithm.episode)
+        assert isinstance(built, Chain) and built.joiner == "\n\n"
+        assert built.sees == ("all" if name == "chain3" else "latest"), name
 
 
 # ---------------------------------------------------------------------------------------------- counterfactual credit

@@ -382,6 +382,7 @@ def test_lora_per_role_refuses_full_fine_tuning_or_separate_bases_in_one_line(ov
             "algorithm.episode.roles=['pioneer', 'judge']",
         ),
         (("algorithm=cory", "algorithm.episode.frozen_roles=[pioneer,observer]"), "every role is frozen"),
+        (("algorithm=cory_chain3", "algorithm.episode.sees=every"), "algorithm.episode.sees='every': one of"),
         (("algorithm=grpo", "algorithm.advantage.group_size=1"), "algorithm.advantage.group_size=1"),
         (("algorithm=cory", "algorithm.advantage.lam=1.5"), "algorithm.advantage.lam=1.5"),
         (("algorithm=cory", "algorithm.loss.vf_coef=-1"), "algorithm.loss.vf_coef=-1"),

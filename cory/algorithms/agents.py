@@ -239,7 +239,8 @@ class AgentSet:
         """Refuse prompts that cannot fit the model's context with their longest response (before any step).
 
         The longest prompt is the query-only one, or what `longest_prompt` says for the longest query (CORY: the
-        observer prompt with a pioneer response of the maximum length; an estimate to within a token or two of
+        observer prompt with a pioneer response of the maximum length; a chain that shows every earlier answer: the
+        last role's prompt with each of them of the maximum length; an estimate to within a token or two of
         tokenisation at the joins).
         """
         actor = next(iter(self.agents.values())).actor
@@ -254,7 +255,7 @@ class AgentSet:
         if found is not None:
             prompt, extra = found
             observer = actor.token_counts([prompt])[0] + extra + hi
-            longest, what = max(longest, observer), "the longest observer prompt (with the pioneer's response)"
+            longest, what = max(longest, observer), "the longest observer prompt (with the earlier responses)"
         if longest > limit:
             raise ConfigError(
                 f"{what} plus a response of task.max_new_tokens={hi} is {longest} tokens, more than the model's "

@@ -4,14 +4,16 @@
 - one role is PPO: the agent answers the query-only prompt x = T_pio(q);
 - two roles are CORY's pioneer and observer (Alg. 1 l.7-9): the observer's prompt is built from the decoded text of
   the pioneer's answer, x_O = T_obs(q, a_1) (knowledge transfer), then re-tokenised;
-- more roles continue the chain: role k answers T_obs(q, a_{k−1}), the answer of the role just before it.
+- more roles continue the chain: with `sees="all"` role k answers T_obs(q, a_1 ⊕ … ⊕ a_{k−1}), every earlier
+  answer in role order joined by `joiner` in the template's one answer slot; with `sees="latest"` it answers
+  T_obs(q, a_{k−1}), the answer of the role just before it (for two roles the two are the same prompt).
 With `knowledge_transfer=false` every role answers the query alone ("CORY w/o KT", or a team of parallel actors).
 Every answer is scored on the original query alone, r_k = r(q, a_k): a later role is never scored on its long prompt
 (Alg. 1 l.12-13; l.13's r(s0, a1) is a typo for r(s0, a2)).
 
 A role listed in `frozen_roles` acts and is scored, but whoever plays it takes no update from that role's samples.
-`without(k)` replays the episode with role k's message removed (the roles after k answer again from the latest
-answer still there, or from the query alone): what a counterfactual credit rule compares against.
+`without(k)` replays the episode with role k's message removed (the roles after k answer again from the earlier
+answers still there, or from the query alone when none is): what a counterfactual credit rule compares against.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from cory.metrics import ROLES
 from cory.ppo.actor import Actor
 from cory.ppo.rollout import Rollout
 from cory.tasks.base import SafeScorer, Task
+
+# which earlier answers a role sees with knowledge transfer (`Chain.sees`)
+SEES = ("latest", "all")
 
 
 @dataclass
@@ -41,13 +46,20 @@ class Played:
 @dataclass(frozen=True)
 class Chain:
     """`roles` in order (names from `cory.metrics.ROLES`: the first is the query-only role every agent is evaluated
-    in), `knowledge_transfer` (role k sees role k−1's answer), `frozen_roles` (acted, scored, never learned from),
-    and `name`: the algorithm's name in summaries and W&B (`ppo`, `cory`, ...), suffixed by the other parts."""
+    in), `knowledge_transfer` (role k sees earlier answers through the task's observer template), `frozen_roles`
+    (acted, scored, never learned from), and `name`: the algorithm's name in summaries and W&B (`ppo`, `cory`, ...),
+    suffixed by the other parts.
+
+    With knowledge transfer, `sees` says which earlier answers role k sees: `"latest"` the latest one still present
+    (role k−1's), `"all"` every one still present, in role order, joined by `joiner` into the template's one answer
+    slot: x_k = T_obs(q, a_1 ⊕ … ⊕ a_{k−1}). With two roles the two are the same prompt."""
 
     roles: tuple[str, ...]
     knowledge_transfer: bool
     frozen_roles: tuple[str, ...]
     name: str
+    sees: str = "latest"
+    joiner: str = "\n\n"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "roles", tuple(self.roles))
@@ -62,15 +74,20 @@ class Chain:
             raise ConfigError(f"algorithm.episode.frozen_roles={list(self.frozen_roles)}: {stray} is not a role")
         if len(self.frozen_roles) == len(self.roles):
             raise ConfigError("algorithm.episode.frozen_roles: every role is frozen, nothing would learn")
+        if self.sees not in SEES:
+            raise ConfigError(f"algorithm.episode.sees={self.sees!r}: one of {list(SEES)}")
 
     def trainable(self, role: int) -> bool:
         return self.roles[role] not in self.frozen_roles
 
     def prompt(self, task: Task, query: str, before: list[str | None]) -> str:
         """Role len(before)'s prompt: the query-only prompt, or with knowledge transfer the observer prompt around
-        the latest earlier answer still present (`before[j]` None: role j's message removed)."""
+        the earlier answers still present (`before[j]` None: role j's message removed): the latest of them, or all of
+        them in role order joined by `joiner` (`sees`); the query-only prompt when none is present."""
         shown = [a for a in before if a is not None] if self.knowledge_transfer else []
-        return task.observer_prompt(query, shown[-1]) if shown else task.pioneer_prompt(query)
+        if not shown:
+            return task.pioneer_prompt(query)
+        return task.observer_prompt(query, self.joiner.join(shown) if self.sees == "all" else shown[-1])
 
     def play(
         self,
@@ -130,8 +147,10 @@ class Chain:
         return rollouts
 
     def longest_prompt(self, task: Task, query: str, max_new_tokens: int) -> tuple[str, int] | None:
-        """The longest prompt a role sees for `query`, around an empty earlier answer, and the answer's length to add
-        (the context check before any step); None when every role sees the query alone."""
+        """The longest prompt a role sees for `query`, around empty earlier answers, and the answers' length to add
+        (the context check before any step); None when every role sees the query alone. With `sees="all"` the last
+        of R roles sees R−1 answers: the template around R−1 empty answers joined, plus (R−1)·`max_new_tokens`."""
         if len(self.roles) == 1 or not self.knowledge_transfer:
             return None
-        return task.observer_prompt(query, ""), max_new_tokens
+        shown = len(self.roles) - 1 if self.sees == "all" else 1
+        return task.observer_prompt(query, self.joiner.join([""] * shown)), shown * max_new_tokens

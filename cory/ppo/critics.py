@@ -13,7 +13,8 @@ The joint sequence of N roles is [x_0; a_1; a_2; …; a_N]: the first role's pro
 role order. Token alignment is causal, as PPO's V_t (the value of the state before token t, `cory.ppo.rollout`):
 role k's token t reads the joint sequence up to a_k,<t, column P + T_1 + … + T_{k−1} − 1 + t. So a later role's
 values see every earlier answer, and an earlier role's values see what preceded each of its tokens. With knowledge
-transfer, x_0 and the earlier answers carry everything a later role's prompt holds (T_obs(q, a_{k−1})).
+transfer, x_0 and the earlier answers carry everything a later role's prompt holds (T_obs(q, a_{k−1}), or
+T_obs(q, a_1 ⊕ … ⊕ a_{k−1}) where a role sees every earlier answer).
 """
 
 from __future__ import annotations
