@@ -229,12 +229,14 @@ def score_forward(
         logits, values = forward_logits(policy, *args, with_values=True)
         ref_logits, _ = forward_logits(ref_model, *args, with_values=False)
         tokens = response_ids[sl]
-        logprobs = ppo_core.gather_logprobs(logits, tokens)
-        ref_logprobs = ppo_core.gather_logprobs(ref_logits, tokens)
+        # each log-softmax once: the log-probs, the full KL and the entropy all read it
+        log_probs, ref_log_probs = F.log_softmax(logits, dim=-1), F.log_softmax(ref_logits, dim=-1)
+        logprobs, ref_logprobs = ppo_core.gather(log_probs, tokens), ppo_core.gather(ref_log_probs, tokens)
         if kl_estimator == "full":
-            kls = ppo_core.full_kl(logits, ref_logits)
+            kls = ppo_core.full_kl_of(log_probs, ref_log_probs)
         else:
             kls = ppo_core.kl_penalty(logprobs, ref_logprobs, kl_estimator)
-        for k, v in zip(parts, (logprobs, ref_logprobs, values, kls, ppo_core.entropy_from_logits(logits))):
+        entropy = ppo_core.entropy_from_log_probs(log_probs)
+        for k, v in zip(parts, (logprobs, ref_logprobs, values, kls, entropy)):
             parts[k].append(v.float())
     return {k: torch.cat(v) for k, v in parts.items()}
