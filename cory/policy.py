@@ -160,8 +160,12 @@ class PolicyWithValueHead(nn.Module):
 
     def generate(self, **kwargs) -> torch.Tensor:
         """`generate` of the underlying model with this handle's adapter active."""
+        return self.sampler().generate(**kwargs)
+
+    def sampler(self) -> nn.Module:
+        """The causal LM that samples this handle's responses: the underlying model, this handle's adapter active."""
         self.activate()
-        return self.pretrained_model.generate(**kwargs)
+        return self.pretrained_model
 
     def owns(self, name: str) -> bool:
         """Whether parameter `name` (as in `named_parameters()`) belongs to this agent alone."""

@@ -66,6 +66,8 @@ class RolloutSettings:
 
     Attributes:
         backend: `hf` (Hugging Face `generate` on the live policy) or `vllm` (a colocated vLLM engine; CUDA only).
+        decode: with `hf`, `lean` (`cory/ppo/decode.py`: `generate`'s tokens for the same seed, without its per-step
+            overhead; settings it does not reproduce fall back to `generate`) or `generate` (the reference).
         gpu_memory_utilization: vLLM's share of the GPU for its weights and KV cache (the learner keeps the rest).
         max_model_len: vLLM's context; None = the model's.
         dtype: vLLM's weight dtype (`auto`: the model config's, `bfloat16`, `float32`).
@@ -73,6 +75,7 @@ class RolloutSettings:
     """
 
     backend: str = "hf"
+    decode: str = "lean"
     gpu_memory_utilization: float = 0.3
     max_model_len: int | None = None
     dtype: str = "auto"
@@ -81,6 +84,8 @@ class RolloutSettings:
     def __post_init__(self) -> None:
         if self.backend not in ("hf", "vllm"):
             raise ConfigError(f"rollout.backend={self.backend!r}: allowed hf, vllm")
+        if self.decode not in ("lean", "generate"):
+            raise ConfigError(f"rollout.decode={self.decode!r}: allowed lean, generate")
         if not 0 < self.gpu_memory_utilization < 1:
             raise ConfigError(f"rollout.gpu_memory_utilization={self.gpu_memory_utilization}: must be in (0, 1)")
 

@@ -24,7 +24,7 @@ from cory import distributed, runtime
 from cory.algorithms.base import EvalOutput, Report, RunContext, named_parameters
 from cory.checkpoints import check_files, damaged, refuse_nonfinite, write_policies
 from cory.errors import CheckpointError, ConfigError
-from cory.ppo.backends import make_backends
+from cory.ppo.backends import HFBackend, make_backends
 from cory.ppo.evaluation import eval_lengths, evaluate
 from cory.preemption import abandonable
 from cory.tasks.base import Task
@@ -102,14 +102,16 @@ class AgentSet:
         reference = backbone.reference()  # π0: a frozen copy, or the LoRA base with adapters disabled
         self.task: Task = context.task()
         self.agents = {}
-        # what samples each agent's responses (`rollout` group; None: the agent's own Hugging Face `generate`)
+        # what samples each agent's responses (`rollout` group; None: the agent's own policy, `HFBackend`)
         backends = make_backends(s.rollout, names, learner, backbone, context.device, s.seed)
         for index, name in enumerate(names):
             # initial weights from the run seed alone (every agent starts identical); each agent draws its minibatch
             # permutations from its own stream `seed + index` (docs/method.md §1.5)
+            policy = backbone.policy(handles[name], init_seed=s.seed)
+            backend = backends[name] or HFBackend(policy, backbone.tokenizer, context.device, s.rollout.decode)
             self.agents[name] = learner.build(
                 name,
-                backbone.policy(handles[name], init_seed=s.seed),
+                policy,
                 reference,
                 backbone.tokenizer,
                 seed=s.seed + index,
@@ -118,7 +120,7 @@ class AgentSet:
                 forward_batch_size=hw.forward_batch_size,
                 add_special_tokens=backbone.add_special_tokens,
                 **parts,
-                **({"backend": backends[name]} if backends[name] is not None else {}),
+                backend=backend,
             )
         self.schedule = QuerySchedule(
             self.task.train_queries(), s.batch_size, s.seed, self.task.max_new_tokens, group_size

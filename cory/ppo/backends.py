@@ -4,7 +4,8 @@ An agent asks its backend for response token ids only; every log-prob, value and
 recomputed by the agent's own Hugging Face forward (`cory.ppo.actor.Actor.score_tokens`), so the PPO update sees the
 same numbers whichever engine sampled the tokens (docs/implementation-notes.md, "Rollout backends").
 
-- `hf` (default): `generate` of the live policy, exactly the code path of every run before backends existed.
+- `hf` (default): the live policy samples, with the lean decode loop (`rollout.decode=lean`, the default) or
+  Hugging Face `generate` (`rollout.decode=generate`): the same tokens for the same seed (tests/test_decode.py).
 - `vllm` (`rollout=vllm`, a CUDA machine with vLLM installed): one colocated engine per process, weights pushed from
   the learner before each iteration's generation, LoRA adapters served as adapters (`cory/ppo/vllm_backend.py`).
 """
@@ -38,10 +39,13 @@ class RolloutBackend(Protocol):
 
 
 class HFBackend:
-    """Hugging Face `generate` on the agent's own policy: nothing to sync, it samples the live weights."""
+    """The agent's own policy samples (nothing to sync, it samples the live weights): with the lean decode loop
+    (`decode="lean"`, `cory/ppo/decode.py`) or Hugging Face `generate` (`"generate"`); the same tokens either way."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, device: torch.device) -> None:
-        self.model, self.tokenizer, self.device = model, tokenizer, device
+    def __init__(
+        self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, device: torch.device, decode: str = "lean"
+    ) -> None:
+        self.model, self.tokenizer, self.device, self.decode = model, tokenizer, device, decode
 
     def sync_weights(self, policy: torch.nn.Module) -> None:
         pass
@@ -49,15 +53,17 @@ class HFBackend:
     def generate(
         self, prompt_ids: list[torch.Tensor], max_new_tokens: int, generation_kwargs: dict, batch_size: int
     ) -> list[torch.Tensor]:
+        model, tokenizer, device = self.model, self.tokenizer, self.device
         return generate_ids(
-            self.model, self.tokenizer, prompt_ids, max_new_tokens, generation_kwargs, self.device, batch_size
+            model, tokenizer, prompt_ids, max_new_tokens, generation_kwargs, device, batch_size, self.decode
         )
 
 
 def make_backends(
     settings, names: list[str], learner, backbone, device, seed: int
 ) -> dict[str, RolloutBackend | None]:
-    """One backend per agent from the `rollout` settings; None means the agent's default (`HFBackend`).
+    """One backend per agent from the `rollout` settings; None: the agent's own policy samples (`HFBackend`, which
+    the caller builds on that policy with `settings.decode`).
 
     vLLM agents share one engine (one base model in GPU memory; each agent's weights or adapter pushed to it).
     """

@@ -52,7 +52,12 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = T
 # ---------------------------------------------------------------------------------------------------------------------
 def gather_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """log π(token) from logits. logits [B, T, V], tokens [B, T] → [B, T]."""
-    return torch.gather(F.log_softmax(logits, dim=-1), -1, tokens.unsqueeze(-1)).squeeze(-1)
+    return gather(F.log_softmax(logits, dim=-1), tokens)
+
+
+def gather(log_probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """log π(token) from a log-softmax already taken. log_probs [B, T, V], tokens [B, T] → [B, T]."""
+    return torch.gather(log_probs, -1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
@@ -61,13 +66,23 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(-1)
 
 
+def entropy_from_log_probs(log_probs: torch.Tensor) -> torch.Tensor:
+    """H(π(·|s_t)) = −Σ_v π(v)·log π(v) from a log-softmax already taken (no second pass over the vocabulary's
+    exponentials). [B, T, V] → [B, T]."""
+    return -(log_probs.exp() * log_probs).sum(-1)
+
+
 def full_kl(logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:
     """kl_t = Σ_v π(v|s_t)·[log π(v|s_t) − log π0(v|s_t)] (docs/method.md §1.4, TRL `kl_penalty="full"`).
 
     logits, ref_logits [B, T, V] → [B, T].
     """
-    logp, ref_logp = F.log_softmax(logits, dim=-1), F.log_softmax(ref_logits, dim=-1)
-    return F.kl_div(ref_logp, logp, log_target=True, reduction="none").sum(-1)
+    return full_kl_of(F.log_softmax(logits, dim=-1), F.log_softmax(ref_logits, dim=-1))
+
+
+def full_kl_of(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
+    """`full_kl` from both log-softmaxes already taken. [B, T, V] twice → [B, T]."""
+    return F.kl_div(ref_log_probs, log_probs, log_target=True, reduction="none").sum(-1)
 
 
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:

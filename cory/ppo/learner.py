@@ -407,7 +407,8 @@ class PPOLearner:
         args = (mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask)
         with trainee.autocast():
             logits, vpreds = forward_logits(trainee.forward_module(), *(a.to(device) for a in args), with_values=True)
-        logprobs = ppo_core.gather_logprobs(logits, mb.response_ids.to(device))
+        log_probs = torch.log_softmax(logits, dim=-1)  # once: the loss's log-probs and the entropy statistic read it
+        logprobs = ppo_core.gather(log_probs, mb.response_ids.to(device))
         old_logprobs = mb.logprobs.to(device)
         terms = self.loss(
             LossInputs(
@@ -442,7 +443,7 @@ class PPOLearner:
                 "approx_kl": (0.5 * ppo_core.masked_mean((logprobs - old_logprobs) ** 2, mask)).item(),
                 "policykl": ppo_core.masked_mean(old_logprobs - logprobs, mask).item(),
                 "ratio": terms.ratio.item(),
-                "train_entropy": ppo_core.masked_mean(ppo_core.entropy_from_logits(logits), mask).item(),
+                "train_entropy": ppo_core.masked_mean(ppo_core.entropy_from_log_probs(log_probs), mask).item(),
                 "ratio_threshold_hit": float(hit),
             }
 

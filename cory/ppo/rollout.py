@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedTokenizerBase
 
 from cory.ppo import core as ppo_core
+from cory.ppo import decode
 
 
 @dataclass
@@ -155,24 +156,37 @@ def generate_ids(
     generation_kwargs: dict,
     device: torch.device,
     batch_size: int,
+    decoder: str = "lean",
 ) -> list[torch.Tensor]:
-    """Hugging Face `generate` for 1-D `prompt_ids` in batches of `batch_size` with left padding.
+    """Sampled responses for 1-D `prompt_ids` in batches of `batch_size` with left padding.
 
     `model` is anything with Hugging Face's `generate` (a `cory.policy.PolicyWithValueHead` activates its adapter
-    first). Returns per-sample 1-D response ids, truncated after the first EOS (EOS kept).
+    first). `decoder="lean"` samples with `cory.ppo.decode` wherever it reproduces `generate` token for token (the
+    sampling settings every task here uses), else with `generate`; `"generate"` always with `generate`. Returns
+    per-sample 1-D response ids, truncated after the first EOS (EOS kept).
     """
     config = generation_config(max_new_tokens, generation_kwargs, tokenizer)
     extra = {k: v for k, v in generation_kwargs.items() if k not in config.to_dict()}
+    lean = decoder == "lean" and decode.supports(config, extra)
     responses: list[torch.Tensor] = []
     for start in range(0, len(prompt_ids), batch_size):
         chunk = prompt_ids[start : start + batch_size]
         ids, mask = pad(chunk, tokenizer.pad_token_id, left=True)
         ids, mask = ids.to(device), mask.to(device)
-        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config, **extra)
+        if lean:
+            out = decode.decode(_causal_lm(model), ids, mask, config)
+        else:
+            out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config, **extra)
         out = out.cpu()[:, ids.shape[1] :]
         keep = truncate_after_eos(out, tokenizer.eos_token_id)
         responses += [row[: int(k.sum())] for row, k in zip(out, keep)]
     return responses
+
+
+def _causal_lm(model: torch.nn.Module) -> torch.nn.Module:
+    """What `generate` runs the forwards of: a policy handle's language model with the handle's adapter active."""
+    sampler = getattr(model, "sampler", None)
+    return sampler() if sampler is not None else model
 
 
 def forward_logits(
@@ -229,12 +243,14 @@ def score_forward(
         logits, values = forward_logits(policy, *args, with_values=True)
         ref_logits, _ = forward_logits(ref_model, *args, with_values=False)
         tokens = response_ids[sl]
-        logprobs = ppo_core.gather_logprobs(logits, tokens)
-        ref_logprobs = ppo_core.gather_logprobs(ref_logits, tokens)
+        # each log-softmax once: the log-probs, the full KL and the entropy all read it
+        log_probs, ref_log_probs = F.log_softmax(logits, dim=-1), F.log_softmax(ref_logits, dim=-1)
+        logprobs, ref_logprobs = ppo_core.gather(log_probs, tokens), ppo_core.gather(ref_log_probs, tokens)
         if kl_estimator == "full":
-            kls = ppo_core.full_kl(logits, ref_logits)
+            kls = ppo_core.full_kl_of(log_probs, ref_log_probs)
         else:
             kls = ppo_core.kl_penalty(logprobs, ref_logprobs, kl_estimator)
-        for k, v in zip(parts, (logprobs, ref_logprobs, values, kls, ppo_core.entropy_from_logits(logits))):
+        entropy = ppo_core.entropy_from_log_probs(log_probs)
+        for k, v in zip(parts, (logprobs, ref_logprobs, values, kls, entropy)):
             parts[k].append(v.float())
     return {k: torch.cat(v) for k, v in parts.items()}

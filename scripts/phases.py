@@ -1,0 +1,277 @@
+"""Where an iteration's time goes, against what its matrix products alone would cost: one JSON object.
+
+    python scripts/phases.py --threads 1 experiment=bench_gpt2_small model.name_or_path=$(cory-gpt2-small)
+    python scripts/phases.py --threads 1 --algorithm ppo experiment=bench_gpt2_small model.name_or_path=...
+    python scripts/phases.py experiment=smoke                              # seconds; checks the instrument
+
+Runs `cory.train.train` in this process for `--warmup + --iterations` iterations (no evaluation, no checkpoint) with
+timers around each phase of the step, and reports the timed iterations' means:
+- `sample`: the decode loop (lean or `generate`), per agent and iteration, with `decode_steps` and `s_per_decode_step`;
+- `rollout_forward`: the rollout-time forwards (policy + value, reference) without gradients;
+- `learner_forward`, `learner_backward`, `optimizer`: the PPO epochs' forward (loss included), backward and
+  optimiser steps;
+- `other`: the rest of the iteration (rewards, advantages, bookkeeping, logging).
+Each timer synchronises CUDA when the run is on a GPU.
+
+The floors. `gemm_gflops` is a plain fp32 GEMM's rate on this machine and thread count, measured here: a
+[rows × d] × [d × 4d] product with the weights cycled through a buffer larger than the caches (as a model's weights
+stream), once at the learner's row count (a minibatch's tokens) and once at the decode step's (the batch).
+`learner_gflop` counts the learner's matrix-product FLOPs on each sequence's own tokens (the floor: no padding): per
+forward 2·N·n for the N non-embedding weights and n tokens, 2·d·V per LM-head column kept (response + 1),
+4·layers·d·n² for attention; a backward is twice its forward. `learner_padded_gflop` counts the same on the padded
+rectangles the minibatches multiply. `learner_floor_s` = that ÷ the GEMM rate, and `learner_vs_floor` is
+(forward + backward) ÷ floor — 1.0 would mean nothing but matrix products. `sample_floor_s` is the same for the
+whole generation: each call's prompt forward (rows × padded prompt tokens, at the large-row rate) plus its decode
+steps (2·N + 2·d·V FLOPs per row and step, attention over the cache, at the batch's rate); `sample_vs_floor` is
+`sample` ÷ that. `s_per_decode_step` divides `sample` by the steps (the prompt forward included), and
+`decode_floor_s` is one step's matrix products alone.
+`padding` is the share of the learner's forward tokens that are padding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH_OVERRIDES = ["eval_every=0", "save_every=0", "num_eval=2", "progress=false"]
+
+
+class Clock:
+    """Seconds and counts per phase; a phase nested in another is not counted twice (`other` is the remainder)."""
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda, self.seconds, self.counts, self.depth = cuda, collections.Counter(), collections.Counter(), 0
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        import torch
+
+        if self.cuda:
+            torch.cuda.synchronize()
+        start, outer = time.perf_counter(), self.depth == 0
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+            if self.cuda:
+                torch.cuda.synchronize()
+            if outer:
+                self.seconds[name] += time.perf_counter() - start
+                self.counts[name] += 1
+
+    def wrap(self, owner, attribute: str, name: str, counter=None) -> None:
+        """Time `owner.attribute` as phase `name`; `counter(result, *args, **kwargs)` sees every call."""
+        original = getattr(owner, attribute)
+
+        def timed(*args, **kwargs):
+            with self.phase(name):
+                result = original(*args, **kwargs)
+            if counter is not None:
+                counter(result, *args, **kwargs)
+            return result
+
+        setattr(owner, attribute, timed)
+
+
+def gemm_gflops(rows: int, d: int, megabytes: int = 512) -> float:
+    """fp32 GEMM rate [rows × d] × [d × 4d], weights cycled through `megabytes` of buffers (no cache reuse)."""
+    import torch
+
+    n = max(2, megabytes * 2**20 // (4 * d * 4 * d))
+    weights = [torch.randn(d, 4 * d) for _ in range(n)]
+    x = torch.randn(rows, d)
+    for w in weights[:2]:
+        x @ w
+    start = time.perf_counter()
+    for w in weights:
+        x @ w
+    seconds = time.perf_counter() - start
+    return 2 * rows * d * 4 * d * n / seconds / 1e9
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--algorithm", default="cory", help="algorithm config (default cory)")
+    parser.add_argument("--iterations", type=int, default=2, help="timed iterations (default 2)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed first iterations (default 1)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. experiment=bench_gpt2_small")
+    args = parser.parse_args(argv)
+
+    sys.path.insert(0, str(ROOT))
+    import torch
+    from hydra import compose, initialize_config_dir
+
+    from cory import trainer as trainer_module
+    from cory.ppo import actor, backends, learner, trainee
+    from cory.train import train
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    total = args.warmup + args.iterations
+    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "cory" / "conf")):
+        cfg = compose(
+            "train",
+            overrides=[*args.overrides, *BENCH_OVERRIDES, f"algorithm={args.algorithm}", f"iterations={total}"],
+        )
+    clock = Clock(cuda=str(cfg.hardware.device).startswith("cuda"))
+    shapes = {"learner": [], "decode_steps": 0, "decode_rows": [], "decode_chunks": []}
+
+    def count_forward(result, model, prompt_ids, prompt_mask, response_ids, response_mask, with_values):
+        if torch.is_grad_enabled():  # the learner's forward (the rollout's run without gradients)
+            if "config" not in shapes:
+                inner = getattr(model, "module", model)  # an engine's wrapped module
+                shapes["config"] = getattr(inner, "pretrained_model", inner).config.get_text_config()
+            lengths = (prompt_mask.sum(1) + response_mask.sum(1)).tolist()
+            shapes["learner"].append(
+                (
+                    prompt_ids.shape[0],
+                    prompt_ids.shape[1],
+                    response_ids.shape[1],
+                    lengths,
+                    response_mask.sum(1).tolist(),
+                )
+            )
+
+    def count_decode(
+        responses, model, tokenizer, prompt_ids, max_new_tokens, generation_kwargs, device, batch_size, *args
+    ):
+        for start in range(0, len(responses), batch_size):  # one decode loop per chunk, as long as its longest row
+            chunk = responses[start : start + batch_size]
+            width = max(len(p) for p in prompt_ids[start : start + batch_size])  # the left-padded prompt
+            shapes["decode_steps"] += max(len(r) for r in chunk)
+            shapes["decode_rows"].append(len(chunk))
+            shapes["decode_chunks"].append((len(chunk), width, max(len(r) for r in chunk)))
+
+    clock.wrap(backends, "generate_ids", "sample", count_decode)
+    clock.wrap(actor, "score_forward", "rollout_forward")
+    clock.wrap(learner, "forward_logits", "learner_forward", count_forward)
+    clock.wrap(trainee.Trainee, "backward", "learner_backward")
+    clock.wrap(trainee.Trainee, "step", "optimizer")
+
+    # each iteration's clock totals and counts at its start and end, to keep only the timed iterations' own time
+    spans: list[tuple[tuple, tuple]] = []
+    original_iteration = trainer_module.Trainer._iteration
+
+    def mark() -> tuple:
+        return (
+            time.perf_counter(),
+            dict(clock.seconds),
+            len(shapes["learner"]),
+            shapes["decode_steps"],
+            len(shapes["decode_rows"]),
+        )
+
+    def timed_iteration(self, *a, **kw):
+        start = mark()
+        result = original_iteration(self, *a, **kw)
+        spans.append((start, mark()))
+        return result
+
+    trainer_module.Trainer._iteration = timed_iteration
+    with tempfile.TemporaryDirectory(prefix="cory-phases-") as run_dir:
+        train(cfg, Path(run_dir))
+        rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    timed = spans[args.warmup :]
+    if not timed:
+        raise SystemExit("error: no timed iteration (raise --iterations)")
+    iteration_s = [end[0] - start[0] for start, end in timed]
+    phases = {}
+    for name in ("sample", "rollout_forward", "learner_forward", "learner_backward", "optimizer"):
+        phases[name] = statistics.fmean(end[1].get(name, 0.0) - start[1].get(name, 0.0) for start, end in timed)
+    phases["other"] = statistics.fmean(iteration_s) - sum(phases.values())
+
+    # the matrix-product FLOPs of the timed iterations' learner forwards and decode steps
+    text = _text_config(shapes["config"])
+    d, layers, vocab, n_params = text["d"], text["layers"], text["vocab"], text["non_embedding"]
+    forwards = [f for start, end in timed for f in shapes["learner"][start[2] : end[2]]]
+
+    def forward_flop(lengths: list[int], kept: list[int]) -> float:
+        """Matrix-product FLOPs of one forward over sequences of `lengths` tokens, `kept` LM-head columns each."""
+        return sum(2 * n_params * n + 4 * layers * d * n * n + 2 * d * vocab * k for n, k in zip(lengths, kept))
+
+    learner_flop, padded_flop, real, padded = 0.0, 0.0, 0, 0
+    for b, p, t, lengths, responses in forwards:
+        # forward + a backward of twice its cost; the floor counts each sequence's own tokens, the padded count
+        # what the batch's rectangle multiplies
+        learner_flop += 3 * forward_flop(lengths, [r + 1 for r in responses])
+        padded_flop += 3 * forward_flop([p + t] * b, [t + 1] * b)
+        real, padded = real + sum(lengths), padded + b * (p + t)
+    learner_flop, padded_flop = learner_flop / len(timed), padded_flop / len(timed)
+    steps = statistics.fmean(end[3] - start[3] for start, end in timed)
+    decode_rows = [r for start, end in timed for r in shapes["decode_rows"][start[4] : end[4]]]
+    batch = max(decode_rows) if decode_rows else 1
+    mb_rows = max((b * (p + t) for b, p, t, _, _ in forwards), default=1)
+    rate_learner, rate_decode = gemm_gflops(mb_rows, d), gemm_gflops(batch, d)
+    learner_s = phases["learner_forward"] + phases["learner_backward"]
+    floor_s = learner_flop / rate_learner / 1e9
+    decode_flop = 2 * (n_params + d * vocab) * batch
+    # the whole generation's matrix products: each chunk's prompt forward (at the learner's large-row rate: it is
+    # one forward over rows × width tokens, one LM-head column each) and its decode steps (at the batch's rate)
+    chunks = [c for start, end in timed for c in shapes["decode_chunks"][start[4] : end[4]]]
+    sample_floor = 0.0
+    for n_rows, width, steps_c in chunks:
+        prefill = n_rows * (2 * n_params * width + 4 * layers * d * width * width + 2 * d * vocab)
+        decoding = sum(n_rows * (2 * (n_params + d * vocab) + 4 * layers * d * (width + s)) for s in range(1, steps_c))
+        sample_floor += prefill / rate_learner / 1e9 + decoding / rate_decode / 1e9
+    sample_floor /= len(timed)
+    s_per_step = phases["sample"] / steps if steps else float("nan")
+    decode_floor = decode_flop / rate_decode / 1e9
+    report = {
+        "algorithm": args.algorithm,
+        "threads": torch.get_num_threads(),
+        "iterations_timed": len(timed),
+        "s_per_iter": statistics.fmean(iteration_s),
+        "phases_s": {k: round(v, 4) for k, v in phases.items()},
+        "phases_share": {k: round(v / statistics.fmean(iteration_s), 4) for k, v in phases.items()},
+        "tokens_per_iter": statistics.fmean(
+            sum(v for k, v in r.items() if k.startswith("train/") and k.endswith("/tokens"))
+            for r in [r for r in rows if "time/iteration_s" in r][args.warmup :]
+        ),
+        "padding": 1 - real / padded if padded else 0.0,
+        "gemm_gflops": {"learner_rows": mb_rows, "learner": rate_learner, "decode_rows": batch, "decode": rate_decode},
+        "learner_gflop": learner_flop / 1e9,
+        "learner_padded_gflop": padded_flop / 1e9,
+        "learner_floor_s": floor_s,
+        "learner_padded_floor_s": padded_flop / rate_learner / 1e9,
+        "learner_achieved_gflops": learner_flop / learner_s / 1e9 if learner_s else float("nan"),
+        "learner_vs_floor": learner_s / floor_s if floor_s else float("nan"),
+        "decode_steps_per_iter": steps,
+        "s_per_decode_step": s_per_step,
+        "decode_floor_s": decode_floor,
+        "decode_vs_floor": s_per_step / decode_floor,
+        "sample_floor_s": sample_floor,
+        "sample_vs_floor": phases["sample"] / sample_floor if sample_floor else float("nan"),
+    }
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+def _text_config(config) -> dict:
+    """Hidden size, layers, vocabulary and non-embedding parameter count of the trained model's text config."""
+    d = config.hidden_size
+    layers = config.num_hidden_layers
+    inner = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * d
+    kv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head = d // config.num_attention_heads
+    gated = 3 if getattr(config, "model_type", "") != "gpt2" else 2  # SwiGLU has three MLP matrices
+    attention = d * d * 2 + 2 * d * kv * head
+    return {
+        "d": d,
+        "layers": layers,
+        "vocab": config.vocab_size,
+        "non_embedding": layers * (attention + gated * d * inner),
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())
