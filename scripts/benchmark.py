@@ -5,6 +5,8 @@
     python scripts/benchmark.py --repeat 3 experiment=bench_gpt2_small \
         model.name_or_path=$(cory-gpt2-small)
     python scripts/benchmark.py --repeat 3 --compare-ref main ...          # this checkout against commit `main`
+    python scripts/benchmark.py --repeat 3 --against-official experiment=bench_gpt2_small \
+        model.name_or_path=$(cory-gpt2-small)                              # ... against the official code
 
 Each run is `cory.train.train` for `warmup + iterations` iterations in a fresh subprocess (peak memory is per
 process: `ru_maxrss` never goes down on a CPU, CUDA's peak is per process too), in a temporary run folder that
@@ -13,7 +15,12 @@ checkpoint). The first `warmup` iterations of each run are not timed. `--repeat 
 so that a slow spell of a shared machine hits both; `--compare-ref GITREF` also runs the code of that commit
 (exported with `git archive` to a temporary folder, same interpreter, same overrides) right after each run of
 this checkout: PPO here, PPO at GITREF, CORY here, CORY at GITREF, … That is how before/after numbers are
-measured in one session.
+measured in one session. `--against-official` also runs the official CORY code (`imdb_train/ppo.py`,
+`imdb_train/cory.py`) at the pinned commit `OFFICIAL_COMMIT`, exported from a clone of its repository
+(`--official-clone CLONE`, default the local mirror) into a temporary folder, in `.venv-official`
+(scripts/official/setup.sh) through scripts/official/bench_official.py (what that harness changes at run time is
+in its docstring), at the same shape (model folder, batch, minibatch, PPO epochs, response length, TF-IDF reward,
+threads), right after each run of this checkout: PPO here, PPO official, CORY here, CORY official, …
 
 Output, per algorithm (`ppo`, `cory`; under `ref` for GITREF's runs): `s_per_iter` is the **median** over all
 timed iterations of all repeats, with `s_per_iter_mean`, `s_per_iter_min`, `s_per_iter_max`,
@@ -21,7 +28,9 @@ timed iterations of all repeats, with `s_per_iter_mean`, `s_per_iter_min`, `s_pe
 `generate_s`/`learn_s` split the median iteration(s); `tokens_per_iter` (prompt + response tokens of every
 forward, summed over agents: `train/<agent>/tokens`) and `ms_per_token`; `peak_mb` (largest over repeats);
 `checkpoint_mb` (what the run wrote under `checkpoints/`). At the top: `ratio` = CORY/PPO median s/iter, split
-into `token_ratio × cost_per_token_ratio`; with `--compare-ref`, `vs_ref` = this checkout's s/iter ÷ GITREF's.
+into `token_ratio × cost_per_token_ratio`; with `--compare-ref`, `vs_ref` = this checkout's s/iter ÷ GITREF's;
+with `--against-official`, the official runs' statistics under `official` and `vs_official` = this checkout's
+s/iter ÷ the official code's.
 """
 
 from __future__ import annotations
@@ -41,6 +50,11 @@ TARGET_RATIO = 2.2  # an earlier CORY/PPO cost target (on the tiny model), kept 
 ALGORITHMS = ("ppo", "cory")
 # benchmark-only settings: no intermediate evaluation or checkpoint, the smallest held-out set, no progress bar
 BENCH_OVERRIDES = ["eval_every=0", "save_every=0", "num_eval=2", "progress=false"]
+# the official CORY code (github.com/Harry67Hu/CORY) at the commit timed; a clone of it, or the local mirror
+OFFICIAL_COMMIT = "710219fc83bf0fc5c618c5bffc5aa00a6250bfc6"
+OFFICIAL_CLONE = os.environ.get("CORY_OFFICIAL_CLONE", "/work/.mirror/Harry67Hu+CORY/repo")
+OFFICIAL_PYTHON = ROOT / ".venv-official" / "bin" / "python"
+OFFICIAL_HARNESS = ROOT / "scripts" / "official" / "bench_official.py"
 
 
 def compose(conf_dir: Path, overrides: list[str], hydra_config: bool = False):
@@ -157,6 +171,64 @@ def export_ref(gitref: str, dest: Path) -> str:
     return commit
 
 
+def export_official(clone: str, commit: str, dest: Path) -> str:
+    """Write the official repository's tree at `commit` to `dest`, from the clone (or bare mirror) at `clone`."""
+    try:
+        full = subprocess.run(
+            ["git", "-C", clone, "rev-parse", "--verify", f"{commit}^{{commit}}"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        fail(f"--official-clone {clone}: no git clone there with commit {commit} (clone the official repository)")
+    archive = subprocess.run(["git", "-C", clone, "archive", full], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return full
+
+
+def official_settings(overrides: list[str], algorithm: str) -> dict:
+    """The benchmark shape of our config, as the official harness's arguments (it supports what it can time)."""
+    from hydra.utils import instantiate
+
+    from cory.assets import packaged_imdb_csv
+    from cory.tasks.rewards import _TFIDF, TfidfSentimentReward
+
+    cfg = compose(ROOT / "cory" / "conf", [*overrides, f"algorithm={algorithm}"])
+    model = Path(str(cfg.model.name_or_path)).expanduser()
+    if cfg.task.name != "imdb" or not (model / "tokenizer.json").is_file():
+        fail("--against-official times the IMDB task on a local model folder (model.name_or_path=$(cory-gpt2-small))")
+    if not str(cfg.task.reward._target_).endswith("TfidfSentimentReward") or cfg.task.reward.bound != "none":
+        fail("--against-official scores with the TF-IDF reward, unbounded (task/reward=tfidf, bound=none)")
+    reward = instantiate(cfg.task.reward)  # trains and caches it on first use
+    assert isinstance(reward, TfidfSentimentReward)
+    return {
+        "model": str(model.resolve()),
+        "reward_dir": str(reward.path),
+        "reward_ngram": list(_TFIDF["ngram_range"]),
+        "prompts": str(cfg.task.data_files or packaged_imdb_csv()),
+        "batch_size": int(cfg.batch_size),
+        "mini_batch_size": int(cfg.algorithm.agent.mini_batch_size),
+        "ppo_epochs": int(cfg.algorithm.agent.ppo_epochs),
+        "max_new_tokens": [int(n) for n in cfg.task.max_new_tokens],
+        "seed": int(cfg.seed),
+    }
+
+
+def run_official(tree: Path, algorithm: str, args: argparse.Namespace, settings: dict) -> dict:
+    cmd = [str(OFFICIAL_PYTHON), str(OFFICIAL_HARNESS), "--official", str(tree), "--algorithm", algorithm]
+    cmd += ["--warmup", str(args.warmup), "--iterations", str(args.iterations)]
+    cmd += ["--threads", str(args.threads)] if args.threads else []
+    for key, value in settings.items():
+        cmd += [f"--{key.replace('_', '-')}", *map(str, value if isinstance(value, list) else [value])]
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env | {"WANDB_MODE": "disabled"})
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
+        fail(f"the official {algorithm} run under {tree} failed (exit {proc.returncode}); its output is above")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def run_child(root: Path, algorithm: str, args: argparse.Namespace, overrides: list[str]) -> dict:
     cmd = [
         sys.executable,
@@ -192,6 +264,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--repeat", type=int, default=1, help="runs per algorithm, interleaved PPO, CORY, … (default 1)"
     )
     parser.add_argument("--compare-ref", metavar="GITREF", help="also run the code of this commit, interleaved")
+    parser.add_argument(
+        "--against-official",
+        action="store_true",
+        help=f"also run the official code at {OFFICIAL_COMMIT[:7]}, interleaved (needs .venv-official: "
+        "scripts/official/setup.sh)",
+    )
+    parser.add_argument(
+        "--official-clone",
+        metavar="CLONE",
+        default=OFFICIAL_CLONE,
+        help=f"a git clone of the official repository (default: $CORY_OFFICIAL_CLONE, else {OFFICIAL_CLONE})",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--child", choices=ALGORITHMS, help=argparse.SUPPRESS)
     parser.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
@@ -236,30 +320,47 @@ def main(argv: list[str] | None = None) -> None:
         "commit": _describe_checkout(),
     }
     ref_dir = Path(tempfile.mkdtemp(prefix="cory-bench-ref-")) if args.compare_ref else None
+    official_dir = Path(tempfile.mkdtemp(prefix="cory-bench-official-")) if args.against_official else None
     try:
         roots = {"here": ROOT}
         if ref_dir is not None:
             ref = {"gitref": args.compare_ref, "commit": export_ref(args.compare_ref, ref_dir)}
             roots["ref"] = ref_dir
+        if official_dir is not None:
+            if not OFFICIAL_PYTHON.is_file():
+                fail(f"--against-official: {OFFICIAL_PYTHON} is missing; run scripts/official/setup.sh first")
+            commit = export_official(args.official_clone, OFFICIAL_COMMIT, official_dir)
+            settings = {a: official_settings(args.overrides, a) for a in ALGORITHMS}
+            official = {"clone": args.official_clone, "commit": commit, "settings": settings["ppo"]}
+            roots["official"] = official_dir
         order = schedule(args.repeat, list(roots))
         result["order"] = [f"{algorithm}:{side}" for side, algorithm in order]
         runs: dict[tuple[str, str], list[dict]] = {(s, a): [] for s in roots for a in ALGORITHMS}
         for n, (side, algorithm) in enumerate(order, start=1):
-            run = run_child(roots[side], algorithm, args, args.overrides)
+            if side == "official":
+                run = run_official(roots[side], algorithm, args, settings[algorithm])
+            else:
+                run = run_child(roots[side], algorithm, args, args.overrides)
             runs[side, algorithm].append(run)
             median = statistics.median(run["iteration_s"])
             print(f"[benchmark] {n}/{len(order)} {algorithm} ({side}): {median:.3f} s/iter", file=sys.stderr)
     finally:
-        if ref_dir is not None:
-            shutil.rmtree(ref_dir, ignore_errors=True)
+        for folder in (ref_dir, official_dir):
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
     for side in roots:
         stats = {a: summarise(runs[side, a]) for a in ALGORITHMS}
         stats |= compare(stats["ppo"], stats["cory"])
         if side == "here":
             result |= stats
-        else:
+        elif side == "ref":
             result["ref"] = ref | stats
             result["vs_ref"] = {a: result[a]["s_per_iter"] / stats[a]["s_per_iter"] for a in ALGORITHMS}
+        else:
+            first = runs["official", "ppo"][0]  # the official stack, as its harness reports it
+            stack = {k: first[k] for k in ("torch", "transformers", "stubbed") if k in first}
+            result["official"] = official | {"stack": stack} | stats
+            result["vs_official"] = {a: result[a]["s_per_iter"] / stats[a]["s_per_iter"] for a in ALGORITHMS}
     print(json.dumps(result, indent=2))
 
 

@@ -7,6 +7,7 @@ instead of GPT-2's (no npm in tests) and a 2-layer model instead of 124M paramet
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import os
@@ -256,3 +257,161 @@ def test_an_override_that_does_not_compose_is_one_line(tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "task.reward.no_such_key" in lines[0]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# --against-official and its harness (scripts/official/bench_official.py runs in .venv-official; its pure parts and
+# its parser import with the standard library alone, so they are tested here without that venv)
+# ---------------------------------------------------------------------------------------------------------------------
+def _load_official_harness():
+    spec = importlib.util.spec_from_file_location(
+        "bench_official", REPO / "scripts" / "official" / "bench_official.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+official = _load_official_harness()
+OFFICIAL_VENV = REPO / ".venv-official" / "bin" / "python"
+needs_official_venv = pytest.mark.skipif(
+    not OFFICIAL_VENV.is_file(), reason="no .venv-official (scripts/official/setup.sh builds it)"
+)
+
+
+def test_against_official_parses_with_or_without_a_clone():
+    args = benchmark.parse_args([])
+    assert (args.against_official, args.official_clone) == (False, benchmark.OFFICIAL_CLONE)
+    args = benchmark.parse_args(["--against-official", "experiment=bench_gpt2_small"])  # the flag takes no value
+    assert args.against_official and args.overrides[0] == "experiment=bench_gpt2_small"
+    args = benchmark.parse_args(["--against-official", "--official-clone", "/x/CORY", "--threads", "1"])
+    assert (args.against_official, args.official_clone, args.threads) == (True, "/x/CORY", 1)
+    assert len(benchmark.OFFICIAL_COMMIT) == 40 and int(benchmark.OFFICIAL_COMMIT, 16)
+    assert benchmark.OFFICIAL_COMMIT in (REPO / "scripts" / "official" / "setup.sh").read_text()
+
+
+def test_official_harness_parser_needs_no_official_stack():
+    args = official.parse_args(
+        ["--official", "t", "--algorithm", "cory", "--model", "m", "--reward-dir", "r", "--prompts", "p.csv"]
+    )
+    assert (args.batch_size, args.mini_batch_size, args.ppo_epochs) == (16, 16, 4)
+    assert tuple(args.max_new_tokens) == (16, 16)
+    assert (args.warmup, args.iterations, args.gen_batch_size, args.ref_response) == (1, 3, 16, "skip")
+    assert set(official.SCRIPTS) == set(benchmark.ALGORITHMS)
+    # at module level it imports the standard library only: the official stack is imported inside `run`
+    tree = ast.parse((REPO / "scripts" / "official" / "bench_official.py").read_text())
+    top = [a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names]
+    top += [n.module for n in tree.body if isinstance(n, ast.ImportFrom)]
+    assert top and all(name.split(".")[0] in sys.stdlib_module_names for name in top), top
+
+
+def test_official_harness_rewrites_the_tokenizer_without_changing_it(tmp_path, tiny_gpt2_dir):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import AutoTokenizer
+
+    folder = official.legacy_tokenizer_folder(tiny_gpt2_dir, tmp_path / "legacy")
+    assert (folder / "model.safetensors").is_symlink() and (folder / "config.json").is_symlink()
+    # GPT-2's tokenizer from the rewritten files (what GPT2TokenizerFast builds from vocab.json + merges.txt)
+    legacy = Tokenizer(models.BPE.from_file(str(folder / "vocab.json"), str(folder / "merges.txt")))
+    legacy.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    ours = AutoTokenizer.from_pretrained(str(tiny_gpt2_dir))
+    for text in ("hello world", " he hello", "héllo, wörld!\n"):
+        assert legacy.encode(text).ids == ours(text)["input_ids"]
+
+
+def test_official_harness_scores_with_our_tfidf_reward(tmp_path):
+    from helpers.fakes import write_reviews_csv
+
+    from cory.tasks.rewards import _TFIDF, TfidfSentimentReward
+
+    reward = TfidfSentimentReward(cache_dir=str(tmp_path), data_files=str(write_reviews_csv(tmp_path / "r.csv")))
+    texts = ["a wonderful, moving film", "boring and awful", "I rented it", ""]
+    pipe = official.SentimentPipe(official.TfidfLogit(reward.path, _TFIDF["ngram_range"]), pad_token_id=0)
+    out = pipe(texts, return_all_scores=True, function_to_apply="none", batch_size=16)
+    assert [o[1]["score"] for o in out] == pytest.approx(reward(texts), abs=1e-12)
+    assert [o[1]["label"] for o in out] == ["POSITIVE"] * 4 and pipe.tokenizer.pad_token_id == 0
+
+
+def test_official_harness_clock_rows_one_per_iteration():
+    clock = official.Clock()
+    for n in clock.loop(range(3)):
+        clock.generate, clock.learn, clock.tokens = 0.5 * n, 1.0 * n, 10 * n
+    assert [(r["generate_s"], r["learn_s"], r["tokens"]) for r in clock.rows] == [(0, 0, 0), (0.5, 1, 10), (1, 2, 20)]
+    assert all(r["iteration_s"] >= 0 for r in clock.rows)
+
+
+def test_against_official_without_its_venv_or_clone_is_one_line(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "scripts/benchmark.py", "--against-official", "--official-clone", str(tmp_path / "no")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --"), lines
+    if OFFICIAL_VENV.is_file():
+        assert lines[0] == f"error: --official-clone {tmp_path / 'no'}: no git clone there with commit " + (
+            f"{benchmark.OFFICIAL_COMMIT} (clone the official repository)"
+        )
+    else:
+        assert lines[0].startswith("error: --against-official") and "setup.sh" in lines[0]
+
+
+@pytest.mark.long
+@needs_official_venv
+@pytest.mark.parametrize("algorithm", ["ppo", "cory"])
+def test_official_harness_runs_the_official_script_on_a_toy_gpt2(tmp_path, tiny_gpt2_dir, algorithm):
+    """One untimed + one timed iteration of the official script on the 2-layer model (about 20 s each)."""
+    from cory.assets import packaged_imdb_csv
+    from cory.tasks.rewards import TfidfSentimentReward
+
+    clone = Path(benchmark.OFFICIAL_CLONE)
+    if not clone.exists():
+        pytest.skip(f"no clone of the official repository at {clone} (set CORY_OFFICIAL_CLONE)")
+    tree = tmp_path / "official"
+    tree.mkdir()
+    assert benchmark.export_official(str(clone), benchmark.OFFICIAL_COMMIT, tree) == benchmark.OFFICIAL_COMMIT
+    from helpers.fakes import write_reviews_csv
+
+    reward = TfidfSentimentReward(cache_dir=str(tmp_path), data_files=str(write_reviews_csv(tmp_path / "r.csv")))
+    cmd = [str(OFFICIAL_VENV), str(REPO / "scripts" / "official" / "bench_official.py"), "--official", str(tree)]
+    cmd += ["--algorithm", algorithm, "--model", str(tiny_gpt2_dir), "--reward-dir", str(reward.path)]
+    cmd += ["--prompts", str(packaged_imdb_csv()), "--warmup", "1", "--iterations", "1", "--threads", "1"]
+    cmd += ["--batch-size", "4", "--mini-batch-size", "2", "--ppo-epochs", "1", "--max-new-tokens", "3", "3"]
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(out["iteration_s"]) == len(out["generate_s"]) == len(out["learn_s"]) == len(out["tokens"]) == 1
+    assert 0 < out["generate_s"][0] + out["learn_s"][0] <= out["iteration_s"][0]
+    agents = 2 if algorithm == "cory" else 1
+    assert out["tokens"][0] >= agents * 4 * (2 + 1)  # each response is 1..3 tokens after a 2..8-token prompt
+    assert out["threads"] == 1 and out["peak_mb"] > 0 and out["checkpoint_mb"] == 0
+
+
+@pytest.mark.long
+@needs_official_venv
+def test_against_official_interleaves_the_official_scripts_on_a_saved_gpt2(tmp_path, tiny_gpt2_dir):
+    """`--against-official` end to end at toy scale: ours and the official scripts on the same 2-layer model."""
+    if not Path(benchmark.OFFICIAL_CLONE).exists():
+        pytest.skip(f"no clone of the official repository at {benchmark.OFFICIAL_CLONE} (set CORY_OFFICIAL_CLONE)")
+    shape = ["batch_size=4", "algorithm.agent.mini_batch_size=2", "algorithm.agent.ppo_epochs=1"]
+    shape += ["task.max_new_tokens=[3,3]", f"model.name_or_path={tiny_gpt2_dir}"]
+    out = _run_benchmark(tmp_path, "--iterations", "1", "--against-official", "experiment=bench_gpt2_small", *shape)
+    assert out["order"] == ["ppo:here", "ppo:official", "cory:here", "cory:official"]
+    official_side = out["official"]
+    assert official_side["commit"] == benchmark.OFFICIAL_COMMIT
+    settings = official_side["settings"]
+    assert (settings["batch_size"], settings["mini_batch_size"], settings["ppo_epochs"]) == (4, 2, 1)
+    assert settings["max_new_tokens"] == [3, 3] and settings["model"] == str(tiny_gpt2_dir.resolve())
+    assert official_side["stack"]["torch"] == torch.__version__  # both sides on the same torch
+    for side in (out, official_side):
+        for algorithm in ("ppo", "cory"):
+            _check_algorithm(side[algorithm], repeats=1, iterations=1)
+        assert side["cory"]["tokens_per_iter"] > 2 * side["ppo"]["tokens_per_iter"]
+    for algorithm in ("ppo", "cory"):
+        assert out["vs_official"][algorithm] == pytest.approx(
+            out[algorithm]["s_per_iter"] / official_side[algorithm]["s_per_iter"]
+        )
