@@ -20,6 +20,7 @@ import pytest
 import torch
 from helpers.compose import compose_cfg
 
+from cory.models import build_tiny_gpt2
 from cory.studies import make_gpt2_small
 
 REPO = Path(__file__).resolve().parents[1]
@@ -415,3 +416,24 @@ def test_against_official_interleaves_the_official_scripts_on_a_saved_gpt2(tmp_p
         assert out["vs_official"][algorithm] == pytest.approx(
             out[algorithm]["s_per_iter"] / official_side[algorithm]["s_per_iter"]
         )
+
+
+def test_phases_accounts_for_the_iteration_and_prices_its_matrix_products(capsys):
+    """`scripts/phases.py` on the smoke run: the phases add up to the iteration, the learner's FLOPs match its
+    forwards (the padded count above the sequences' own), and every floor and ratio is a positive number."""
+    phases = _load("phases")
+    assert phases.main(["--threads", "1", "--iterations", "1", "--warmup", "1", "experiment=smoke"]) == 0
+    out = capsys.readouterr().out
+    report = json.loads(out[out.index("{\n") :])
+    assert report["iterations_timed"] == 1 and report["algorithm"] == "cory"
+    parts = report["phases_s"]
+    assert set(parts) == {"sample", "rollout_forward", "learner_forward", "learner_backward", "optimizer", "other"}
+    assert all(v > 0 for k, v in parts.items() if k != "other")
+    assert sum(parts.values()) == pytest.approx(report["s_per_iter"], rel=1e-3)  # `other` is the remainder
+    assert 0 <= report["padding"] < 1
+    assert 0 < report["learner_gflop"] < report["learner_padded_gflop"]  # the smoke batch has padding
+    assert report["learner_floor_s"] > 0 and report["learner_vs_floor"] > 0 and report["sample_vs_floor"] > 0
+    assert report["decode_steps_per_iter"] >= 2  # two agents, at least one token each
+    # the tiny model's text config, as the script prices it: 2 layers of GPT-2's shape at width 32
+    text = phases._text_config(build_tiny_gpt2()[0].config)
+    assert text == {"d": 32, "layers": 2, "vocab": 257, "non_embedding": 2 * (4 * 32 * 32 + 2 * 32 * 128)}

@@ -260,7 +260,9 @@ def test_every_printed_command_runs_or_composes(where, line, tmp_path, monkeypat
         flags = [a for a in args if re.fullmatch(r"--[\w-]+", a)]  # not a quoted value (`--evaluate "--n 16"`)
         assert all(f in _script_help(name) for f in flags), (line, flags)
         overrides = [a for a in args if "=" in a and not a.startswith("-")]
-        if name == "scripts/benchmark.py" and overrides:  # the one script that passes Hydra overrides on
+        if (
+            name in ("scripts/benchmark.py", "scripts/phases.py") and overrides
+        ):  # the scripts that pass Hydra overrides
             _validate_as_if_cuda(_compose(tuple(overrides)), line, monkeypatch)
     elif name == "cory.train":
         _check_train_command(line, tmp_path, monkeypatch, capsys)
