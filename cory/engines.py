@@ -416,11 +416,17 @@ def shard(module: torch.nn.Module) -> torch.nn.Module:
         if type(m).__name__ in blocks:
             fully_shard(m)
     fully_shard(module)
+    # FSDP sets up its root (the state every unit shares) at the first forward, taking the unit that runs it for the
+    # root. The lean decode runs the causal LM inside the policy, not the policy's forward, so in a process whose
+    # first forward is a rollout's (a resumed run's) the first block would become a root of its own and the policy's
+    # next forward would fail. Set up here, every process (fresh or resumed) has the same FSDP state whichever
+    # forward comes first; torch has no public call for it (only the root's own forward does it).
+    module._get_fsdp_state()._lazy_init()
     # FSDP warns once that the policy returns views (logits, values): an in-place op on them would skip its hook.
     # The losses and scores read them out of place only (tests/test_distributed.py: the update equals torch Adam's).
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
-    if hasattr(module, "generate"):  # generation enters through the root unit, as a forward does (FSDP needs the
-        register_fsdp_forward_method(module, "generate")  # root's forward first, e.g. a resumed run's first rollout)
+    if hasattr(module, "generate"):  # `generate` (rollout.decode=generate) enters through the root unit, as a
+        register_fsdp_forward_method(module, "generate")  # forward does
     return module
 
 

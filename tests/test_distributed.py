@@ -25,14 +25,17 @@
    resume each other's checkpoints (long); a 2-process ZeRO-3 run resumes exactly (long). Under ZeRO-3 the weight
    check reads each process's shard. LoRA under ZeRO is refused in one line.
 4. PyTorch FSDP2 (`hardware=fsdp`): the same tests as ZeRO-3 (one process = torch's Adam, 2 processes = one with
-   the whole batch and half of the weights and moments each, checkpoints shared with torch's Adam, exact resume).
+   the whole batch and half of the weights and moments each, checkpoints shared with torch's Adam, exact resume, also
+   of a run killed with SIGKILL or stopped by SIGTERM at seeded moments: long).
 Run: `python -m pytest tests/test_distributed.py`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -401,6 +404,74 @@ def test_a_two_process_cory_run_resumes_exactly(tmp_path: Path, engine: str) -> 
         return {k: v for k, v in json.loads(row).items() if not k.startswith("time/") and "memory" not in k}
 
     assert [same(r) for r in again] == [same(r) for r in first]
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    """metrics.jsonl without wall time and memory."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(r).items() if not k.startswith("time/") and "memory" not in k} for r in lines]
+
+
+# (signal, to whom, training rows logged before it): the delay after that row is drawn from a seeded RNG
+KILLS = [(signal.SIGKILL, "all", 1), (signal.SIGTERM, "rank1", 2), (signal.SIGKILL, "all", 3)]
+
+
+@pytest.mark.long  # about 65 s on 2 CPUs
+def test_a_two_process_fsdp_run_killed_or_stopped_anywhere_resumes_exactly(tmp_path: Path) -> None:
+    """Under FSDP a resumed process runs its forwards in another order than an uninterrupted one: its first is a
+    rollout's (a block of the policy, under the lean decode), not an evaluation's through the policy. A run killed
+    with SIGKILL (every process at once, as a lost node) or stopped by SIGTERM to one process, at seeded moments
+    after several iterations (generating, scoring, updating or writing a checkpoint), and resumed, logs the same
+    rows as the uninterrupted run."""
+    hardware = (*sharded_cpu("fsdp"), "model.lora.enabled=false")
+    cmd = [_torchrun(), "--standalone", "--nproc_per_node", "2", "-m", "cory.train", "experiment=smoke"]
+
+    def start(run_dir: Path) -> list[str]:
+        return [
+            *cmd,
+            "algorithm=cory",
+            *hardware,
+            "iterations=4",
+            "save_every=1",
+            "keep_checkpoints=4",
+            "progress=false",
+            "num_eval=4",
+            f"hydra.run.dir={run_dir}",
+            f"cache_dir={tmp_path / 'cache'}",
+        ]
+
+    _run(start(tmp_path / "whole"))
+    want = _rows(tmp_path / "whole")
+    assert len(want) == 7  # evaluations at 0, 2 and 4, four training rows
+    rng = random.Random(0)
+    for i, (sig, whom, after) in enumerate(KILLS):
+        run_dir = tmp_path / f"run{i}"
+        launcher = subprocess.Popen(
+            start(run_dir), cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        workers: list[psutil.Process] = []
+        try:
+            metrics, deadline = run_dir / "metrics.jsonl", time.monotonic() + 300
+            while sum('"train/' in r for r in (metrics.read_text().splitlines() if metrics.exists() else [])) < after:
+                assert launcher.poll() is None and time.monotonic() < deadline, "the run did not train"
+                time.sleep(0.05)
+            time.sleep(rng.uniform(0.0, 0.4))  # about one iteration of the smoke run
+            # torchrun starts each process in a session of its own: each is signalled by its id
+            workers = psutil.Process(launcher.pid).children(recursive=True)
+            if whom == "all":
+                for process in [*workers, psutil.Process(launcher.pid)]:
+                    process.send_signal(sig)
+            else:
+                next(p for p in workers if p.environ().get("RANK") == "1").send_signal(sig)
+            _, err = launcher.communicate(timeout=300)
+        finally:
+            for process in [*workers, launcher]:
+                with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
+                    process.kill()
+        if sig == signal.SIGTERM:
+            assert launcher.returncode == 0, err[-3000:]
+        _run([*cmd[:-1], f"resume={run_dir}"])
+        assert _rows(run_dir) == want, (sig, whom, after)
 
 
 @pytest.mark.long
