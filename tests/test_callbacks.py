@@ -278,6 +278,7 @@ def _readme_sweep_commands() -> list[list[str]]:
 
     pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
     text = "\n".join(page.read_text() for page in pages)
+    text = re.sub(r"\\\n\s*", " ", text)  # a command continued with `\` is one command
     found = []
     commands = r"(?:python|cory-sweep) "
     for line in re.findall(rf"`({commands}[^`]+)`", text) + re.findall(rf"^({commands}[^\n#]+)", text, flags=re.M):
