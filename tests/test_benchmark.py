@@ -418,6 +418,7 @@ def test_against_official_interleaves_the_official_scripts_on_a_saved_gpt2(tmp_p
         )
 
 
+@pytest.mark.long  # a training run and two 512 MB GEMM-rate measurements: with the long end-to-end tests
 def test_phases_accounts_for_the_iteration_and_prices_its_matrix_products(capsys):
     """`scripts/phases.py` on the smoke run: the phases add up to the iteration, the learner's FLOPs match its
     forwards (the padded count above the sequences' own), and every floor and ratio is a positive number."""
