@@ -160,31 +160,33 @@ def git(*args: str) -> str:
     return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
 
 
-def export_ref(gitref: str, dest: Path) -> str:
-    """Write the tree of `gitref` to `dest` (`git archive`: no worktree, nothing changes in this checkout)."""
+def export(repo: Path | str, rev: str, dest: Path, refused: str) -> str:
+    """Write the tree of commit `rev` of the git repository at `repo` to `dest` (`git archive`: no worktree, nothing
+    changes in that repository) and return the commit's full hash; `refused` is the one-line error when there is no
+    such commit."""
     try:
-        commit = git("rev-parse", "--verify", f"{gitref}^{{commit}}")
-    except (OSError, subprocess.CalledProcessError):
-        fail(f"--compare-ref {gitref}: not a commit of the git checkout at {ROOT}")
-    archive = subprocess.run(["git", "archive", commit], cwd=ROOT, capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
-    return commit
-
-
-def export_official(clone: str, commit: str, dest: Path) -> str:
-    """Write the official repository's tree at `commit` to `dest`, from the clone (or bare mirror) at `clone`."""
-    try:
-        full = subprocess.run(
-            ["git", "-C", clone, "rev-parse", "--verify", f"{commit}^{{commit}}"],
+        commit = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "--verify", f"{rev}^{{commit}}"],
             capture_output=True,
             text=True,
             check=True,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        fail(f"--official-clone {clone}: no git clone there with commit {commit} (clone the official repository)")
-    archive = subprocess.run(["git", "-C", clone, "archive", full], capture_output=True, check=True).stdout
+        fail(refused)
+    archive = subprocess.run(["git", "-C", str(repo), "archive", commit], capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
-    return full
+    return commit
+
+
+def export_ref(gitref: str, dest: Path) -> str:
+    """This checkout's tree at `gitref`, for `--compare-ref`."""
+    return export(ROOT, gitref, dest, f"--compare-ref {gitref}: not a commit of the git checkout at {ROOT}")
+
+
+def export_official(clone: str, commit: str, dest: Path) -> str:
+    """The official repository's tree at `commit`, from the clone (or bare mirror) at `clone`."""
+    refused = f"--official-clone {clone}: no git clone there with commit {commit} (clone the official repository)"
+    return export(clone, commit, dest, refused)
 
 
 def official_settings(overrides: list[str], algorithm: str) -> dict:
