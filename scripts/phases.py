@@ -6,7 +6,8 @@
 
 Runs `cory.train.train` in this process for `--warmup + --iterations` iterations (no evaluation, no checkpoint) with
 timers around each phase of the step, and reports the timed iterations' means:
-- `sample`: the decode loop (lean or `generate`), per agent and iteration, with `decode_steps` and `s_per_decode_step`;
+- `sample`: the decode loop (lean or `generate`), per agent and iteration, with `decode_steps_per_iter` and
+  `s_per_decode_step`;
 - `rollout_forward`: the rollout-time forwards (policy + value, reference) without gradients;
 - `learner_forward`, `learner_backward`, `optimizer`: the PPO epochs' forward (loss included), backward and
   optimiser steps;
@@ -124,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             overrides=[*args.overrides, *BENCH_OVERRIDES, f"algorithm={args.algorithm}", f"iterations={total}"],
         )
     clock = Clock(cuda=str(cfg.hardware.device).startswith("cuda"))
-    shapes = {"learner": [], "decode_steps": 0, "decode_rows": [], "decode_chunks": []}
+    shapes = {"learner": [], "decode_chunks": []}  # per call: the learner forward's and the decode loop's shapes
 
     def count_forward(result, model, prompt_ids, prompt_mask, response_ids, response_mask, with_values):
         if torch.is_grad_enabled():  # the learner's forward (the rollout's run without gradients)
@@ -148,9 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         for start in range(0, len(responses), batch_size):  # one decode loop per chunk, as long as its longest row
             chunk = responses[start : start + batch_size]
             width = max(len(p) for p in prompt_ids[start : start + batch_size])  # the left-padded prompt
-            shapes["decode_steps"] += max(len(r) for r in chunk)
-            shapes["decode_rows"].append(len(chunk))
-            shapes["decode_chunks"].append((len(chunk), width, max(len(r) for r in chunk)))
+            shapes["decode_chunks"].append((len(chunk), width, max(len(r) for r in chunk)))  # rows, width, steps
 
     clock.wrap(backends, "generate_ids", "sample", count_decode)
     clock.wrap(actor, "score_forward", "rollout_forward")
@@ -167,8 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             time.perf_counter(),
             dict(clock.seconds),
             len(shapes["learner"]),
-            shapes["decode_steps"],
-            len(shapes["decode_rows"]),
+            len(shapes["decode_chunks"]),
         )
 
     def timed_iteration(self, *a, **kw):
@@ -207,9 +205,9 @@ def main(argv: list[str] | None = None) -> int:
         padded_flop += 3 * forward_flop([p + t] * b, [t + 1] * b)
         real, padded = real + sum(lengths), padded + b * (p + t)
     learner_flop, padded_flop = learner_flop / len(timed), padded_flop / len(timed)
-    steps = statistics.fmean(end[3] - start[3] for start, end in timed)
-    decode_rows = [r for start, end in timed for r in shapes["decode_rows"][start[4] : end[4]]]
-    batch = max(decode_rows) if decode_rows else 1
+    chunks = [c for start, end in timed for c in shapes["decode_chunks"][start[3] : end[3]]]
+    steps = sum(c[2] for c in chunks) / len(timed)
+    batch = max((c[0] for c in chunks), default=1)
     mb_rows = max((b * (p + t) for b, p, t, _, _ in forwards), default=1)
     rate_learner, rate_decode = gemm_gflops(mb_rows, d), gemm_gflops(batch, d)
     learner_s = phases["learner_forward"] + phases["learner_backward"]
@@ -217,7 +215,6 @@ def main(argv: list[str] | None = None) -> int:
     decode_flop = 2 * (n_params + d * vocab) * batch
     # the whole generation's matrix products: each chunk's prompt forward (at the learner's large-row rate: it is
     # one forward over rows × width tokens, one LM-head column each) and its decode steps (at the batch's rate)
-    chunks = [c for start, end in timed for c in shapes["decode_chunks"][start[4] : end[4]]]
     sample_floor = 0.0
     for n_rows, width, steps_c in chunks:
         prefill = n_rows * (2 * n_params * width + 4 * layers * d * width * width + 2 * d * vocab)
@@ -231,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         "threads": torch.get_num_threads(),
         "iterations_timed": len(timed),
         "s_per_iter": statistics.fmean(iteration_s),
-        "phases_s": {k: round(v, 4) for k, v in phases.items()},
+        "phases_s": phases,  # unrounded: they add up to `s_per_iter` (`other` is the remainder)
         "phases_share": {k: round(v / statistics.fmean(iteration_s), 4) for k, v in phases.items()},
         "tokens_per_iter": statistics.fmean(
             sum(v for k, v in r.items() if k.startswith("train/") and k.endswith("/tokens"))
