@@ -341,14 +341,16 @@ def _check_task_and_hardware(cfg: DictConfig) -> None:
         )
         lo, hi = span
         _check(1 <= lo <= hi, f"task.max_new_tokens=[{lo}, {hi}]: need 1 <= min <= max")
-    if "source" in cfg.task:  # each task class lists its data sources (`SOURCES`)
+    for key, listed in (("source", "SOURCES"), ("scored", "SCORED")):  # a task class lists each key's values
+        if key not in cfg.task:
+            continue
         try:
-            sources = get_object(cfg.task._target_).SOURCES
+            allowed = getattr(get_object(cfg.task._target_), listed, None)
         except Exception:  # noqa: BLE001 - a wrong `_target_` is reported by `_check_target`
-            sources = None
-        if sources is not None:
-            allowed = ", ".join(sources)
-            _check(cfg.task.source in sources, f"task.source={cfg.task.source!r}: allowed {allowed}")
+            allowed = None
+        if allowed is not None:
+            value = cfg.task[key]
+            _check(value in allowed, f"task.{key}={value!r}: allowed {', '.join(allowed)}")
     hw = cfg.hardware
     _check_types(hw, _hints(HardwareSettings), "hardware.")
     check_ranges(hw, HardwareSettings, "hardware.")

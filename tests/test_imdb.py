@@ -98,6 +98,22 @@ def test_templates_and_score(reviews_csv: Path) -> None:
     assert task.max_new_tokens == (4, 15) and task.generation_kwargs["top_k"] == 0
 
 
+def test_scored_response_feeds_the_response_alone_and_a_bad_value_is_refused(reviews_csv: Path) -> None:
+    seen: list[list[str]] = []
+
+    def reward(texts: list[str]) -> list[float]:
+        seen.append(texts)
+        return _length_reward(texts)
+
+    task = imdb_task(byte_tokenizer(), reward, data_files=str(reviews_csv), num_eval=4, scored="response")
+    assert task.score(["This movie", "I"], [" was fine.", " loved it"]) == [10.0, 9.0]
+    assert seen == [[" was fine.", " loved it"]]
+    # the observer's prompt still carries the query: only what the reward reads changes
+    assert task.observer_prompt("This movie", " was fine.").endswith("more positive: This movie")
+    with pytest.raises(ValueError, match="task.scored must be one of"):
+        imdb_task(byte_tokenizer(), reward, data_files=str(reviews_csv), num_eval=4, scored="query")
+
+
 def test_hub_source_fails_fast_offline() -> None:
     start = time.perf_counter()
     with pytest.raises(AssetUnavailableError, match="'imdb'.*task.source=packaged"):

@@ -47,6 +47,8 @@ class IMDBTask:
         eval_kl_coef: η_eval of the combined reward (docs/method.md §1.6).
         failure_reward: reward of a sample whose scoring failed.
         observer_template: format string with `{query}` and `{response}` (docs/method.md §1.3).
+        scored: the text the reward reads: "query_response" (q + a, the paper's) or "response" (a alone, so that
+            the reward moves only with what the policy writes; docs/method.md §3.1).
         seed: seed of the review shuffle, the held-out slice and the k draws.
         name: task name for logs.
     """
@@ -61,6 +63,7 @@ class IMDBTask:
     }
 
     SOURCES = ("packaged", "hub")  # values of `task.source`, checked by `cory.config.validate`
+    SCORED = ("query_response", "response")  # values of `task.scored`, checked by `cory.config.validate`
 
     def __init__(
         self,
@@ -78,6 +81,7 @@ class IMDBTask:
         eval_kl_coef: float,
         failure_reward: float,
         observer_template: str,
+        scored: str,
         seed: int,
         name: str,
     ) -> None:
@@ -90,6 +94,9 @@ class IMDBTask:
         # Hydra passes DictConfig/ListConfig: convert so the trainer can splat plain Python values into generate.
         self.generation_kwargs = dict(generation_kwargs)
         self.observer_template = observer_template
+        if scored not in self.SCORED:
+            raise ValueError(f"task.scored must be one of {self.SCORED}, got {scored!r}")
+        self.scored = scored
         self.query_tokens = (int(query_tokens[0]), int(query_tokens[1]))
         # Independent streams, so the evaluation queries do not change with num_train or the dataset size.
         rng, eval_rng, train_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
@@ -147,8 +154,10 @@ class IMDBTask:
         return self.observer_template.format(query=query, response=pioneer_response)
 
     def score(self, queries: list[str], responses: list[str]) -> list[float]:
-        """r(q, a) on q + a only, never on the observer's long prompt (docs/method.md §1.2 step 5)."""
-        texts = [q + a for q, a in zip(queries, responses, strict=True)]
+        """r(q, a) on q + a (or on a alone, `scored="response"`), never on the observer's long prompt
+        (docs/method.md §1.2 step 5)."""
+        keep_query = self.scored == "query_response"
+        texts = [(q if keep_query else "") + a for q, a in zip(queries, responses, strict=True)]
         return [float(s) for s in self.reward(texts)]
 
 
