@@ -231,3 +231,14 @@ def test_the_readme_gives_the_default_experiments_spread_over_seeds() -> None:
     assert moved in readme and moved.split(" (")[0] in results
     assert f"{min(kls):.1f}–{max(kls):.1f} nats" in readme and f"{min(kls):.1f}–{max(kls):.1f} nats" in results
     assert f"falls by {min(falls):.1f} to {max(falls):.1f}" in results
+
+
+def test_the_default_runs_wall_times_are_their_summaries() -> None:
+    """The default run's and its PPO baseline's wall times in README and docs/results.md are their summaries'."""
+    minutes = lambda s: f"{int(s // 60)} min {round(s % 60)} s"  # noqa: E731
+    cory = json.loads((OUT / "quickstart" / "cory_summary.json").read_text())["wall_time_s"]
+    ppo = json.loads((OUT / "quickstart" / "ppo_summary.json").read_text())["wall_time_s"]
+    readme, results = page("README.md"), page("docs/results.md")
+    assert f"sentiment reward: {minutes(cory)} on a 2-core machine" in readme
+    assert f"(CORY, default) | {minutes(cory)} |" in results
+    assert f"`python -m cory.train algorithm=ppo` | {minutes(ppo)} |" in results
