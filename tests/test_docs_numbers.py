@@ -14,6 +14,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+from pytest import approx
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "outputs"
@@ -162,8 +163,14 @@ def test_gsm8k_cpu_pages() -> None:
     gsm8k = page("docs/gsm8k.md")
     cory = json.loads((OUT / "gsm8k_cpu" / "cory_summary.json").read_text())
     ppo = json.loads((OUT / "gsm8k_cpu" / "ppo_summary.json").read_text())
-    assert f"the CORY run took {cory['wall_time_s'] / 60:.0f} minutes" in gsm8k
-    assert f"`wall_time_s` ({ppo['wall_time_s']:.0f} s)" in gsm8k
+    assert f"PPO took {ppo['wall_time_s']:.0f} s and CORY {cory['wall_time_s']:.0f} s (`wall_time_s`" in gsm8k
+    assert f"{cory['agents']['llm1']['kl']:.3f} now" in gsm8k
+    for name in ("ppo", "cory"):  # the committed curves' data: every evaluation of the summary's run
+        rows = [json.loads(line) for line in (OUT / "gsm8k_cpu" / f"{name}_metrics.jsonl").read_text().splitlines()]
+        evaluated = [r for r in rows if "eval/llm1/task_reward" in r]
+        assert len(evaluated) == 6 and evaluated[-1]["eval/llm1/task_reward"] == approx(
+            (cory if name == "cory" else ppo)["agents"]["llm1"]["task_reward"]
+        )
     for run, agents in (("PPO", ppo["agents"]), ("CORY", cory["agents"])):
         for agent, final in agents.items():
             assert f"**{final['task_reward']:.3f}**" in gsm8k and f"**{final['kl']:.2f}**" in gsm8k, (run, agent)
@@ -242,3 +249,22 @@ def test_the_default_runs_wall_times_are_their_summaries() -> None:
     assert f"sentiment reward: {minutes(cory)} on a 2-core machine" in readme
     assert f"(CORY, default) | {minutes(cory)} |" in results
     assert f"`python -m cory.train algorithm=ppo` | {minutes(ppo)} |" in results
+
+
+def test_gsm8k_cpu_passk_table_is_the_committed_evaluations() -> None:
+    """docs/gsm8k.md's pass@k table: each row's numbers are its committed `outputs/gsm8k_cpu/*_passk.json`."""
+    gsm8k = (REPO / "docs" / "gsm8k.md").read_text()  # line by line: the table's rows
+    keys = ("pass@1", "pass@2", "pass@4", "pass@8", "pass@16", "greedy_accuracy", "no_answer_rate")
+    ppo = json.loads((OUT / "gsm8k_cpu" / "ppo_passk.json").read_text())
+    cory = json.loads((OUT / "gsm8k_cpu" / "cory_passk.json").read_text())
+    assert ppo["base"] == cory["base"]  # the same base model, problems and seed
+    for label, result in (
+        ("base SmolLM2-135M-Instruct", ppo["base"]),
+        ("PPO, after 25 iterations", ppo["llm1"]),
+        ("CORY LLM1, after 25 iterations", cory["llm1"]),
+        ("CORY LLM2, after 25 iterations", cory["llm2"]),
+    ):
+        cells = [f"{result[k]:.3f}" for k in keys]
+        row = next(line for line in gsm8k.splitlines() if line.startswith(f"| {label} |"))
+        shown = [c.strip().strip("*") for c in row.strip("|").split("|")[2:]]
+        assert shown == cells, label
