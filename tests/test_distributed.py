@@ -364,6 +364,34 @@ def test_two_gloo_processes_stay_in_sync(tmp_path: Path, algorithm: str) -> None
     assert [r["iteration"] for r in train_rows] == [1, 2]  # one writer: no duplicated rows
 
 
+def _two_processes() -> list[str]:
+    """`cory.train` under torchrun on 2 processes, before any override."""
+    return [_torchrun(), "--standalone", "--nproc_per_node", "2", "-m", "cory.train"]
+
+
+def _two_process_cory(tmp_path: Path, run_dir: Path, hardware: tuple[str, ...], iterations: int) -> list[str]:
+    """A 2-process CORY smoke run that writes a checkpoint every iteration and keeps them all."""
+    return [
+        *_two_processes(),
+        "experiment=smoke",
+        "algorithm=cory",
+        *hardware,
+        f"iterations={iterations}",
+        "save_every=1",
+        f"keep_checkpoints={iterations}",
+        "progress=false",
+        "num_eval=4",
+        f"hydra.run.dir={run_dir}",
+        f"cache_dir={tmp_path / 'cache'}",
+    ]
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    """metrics.jsonl without wall time and memory."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(r).items() if not k.startswith("time/") and "memory" not in k} for r in lines]
+
+
 @pytest.mark.long
 @pytest.mark.parametrize("engine", ["accelerate", "zero2", "zero3", "fsdp"])
 def test_a_two_process_cory_run_resumes_exactly(tmp_path: Path, engine: str) -> None:
@@ -374,42 +402,18 @@ def test_a_two_process_cory_run_resumes_exactly(tmp_path: Path, engine: str) -> 
     checkpoint and scattered back; under ZeRO-3 and FSDP every process takes part in the evaluations."""
     run_dir = tmp_path / "run"
     hardware = (*sharded_cpu(engine), "model.lora.enabled=false") if engine != "accelerate" else ()
-    cmd = [_torchrun(), "--standalone", "--nproc_per_node", "2", "-m", "cory.train", "experiment=smoke"]
-    _run(
-        [
-            *cmd,
-            "algorithm=cory",
-            *hardware,
-            "iterations=3",
-            "save_every=1",
-            "keep_checkpoints=3",
-            "progress=false",
-            "num_eval=4",
-            f"hydra.run.dir={run_dir}",
-            f"cache_dir={tmp_path / 'cache'}",
-        ]
-    )
-    first = (run_dir / "metrics.jsonl").read_text().splitlines()
+    _run(_two_process_cory(tmp_path, run_dir, hardware, iterations=3))
+    first = _rows(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["completed"]
     # every process holds the same whole weights; under ZeRO-3 and FSDP each holds its own shard: nothing to compare
     assert summary.get("weights_in_sync") is (None if engine in ("zero3", "fsdp") else True)
     for later in ("iter_000002", "iter_000003"):
         shutil.rmtree(run_dir / "checkpoints" / later)
-    _run([*cmd[:-1], "resume=" + str(run_dir)])
-    again = (run_dir / "metrics.jsonl").read_text().splitlines()
+    _run([*_two_processes(), f"resume={run_dir}"])
+    again = _rows(run_dir)
     assert len(again) == len(first) == 6  # evaluations at 0, 2, 3 and three training rows
-
-    def same(row: str) -> dict:
-        return {k: v for k, v in json.loads(row).items() if not k.startswith("time/") and "memory" not in k}
-
-    assert [same(r) for r in again] == [same(r) for r in first]
-
-
-def _rows(run_dir: Path) -> list[dict]:
-    """metrics.jsonl without wall time and memory."""
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [{k: v for k, v in json.loads(r).items() if not k.startswith("time/") and "memory" not in k} for r in lines]
+    assert again == first
 
 
 # (signal, to whom, training rows logged before it): the delay after that row is drawn from a seeded RNG
@@ -424,21 +428,9 @@ def test_a_two_process_fsdp_run_killed_or_stopped_anywhere_resumes_exactly(tmp_p
     after several iterations (generating, scoring, updating or writing a checkpoint), and resumed, logs the same
     rows as the uninterrupted run."""
     hardware = (*sharded_cpu("fsdp"), "model.lora.enabled=false")
-    cmd = [_torchrun(), "--standalone", "--nproc_per_node", "2", "-m", "cory.train", "experiment=smoke"]
 
     def start(run_dir: Path) -> list[str]:
-        return [
-            *cmd,
-            "algorithm=cory",
-            *hardware,
-            "iterations=4",
-            "save_every=1",
-            "keep_checkpoints=4",
-            "progress=false",
-            "num_eval=4",
-            f"hydra.run.dir={run_dir}",
-            f"cache_dir={tmp_path / 'cache'}",
-        ]
+        return _two_process_cory(tmp_path, run_dir, hardware, iterations=4)
 
     _run(start(tmp_path / "whole"))
     want = _rows(tmp_path / "whole")
@@ -470,7 +462,7 @@ def test_a_two_process_fsdp_run_killed_or_stopped_anywhere_resumes_exactly(tmp_p
                     process.kill()
         if sig == signal.SIGTERM:
             assert launcher.returncode == 0, err[-3000:]
-        _run([*cmd[:-1], f"resume={run_dir}"])
+        _run([*_two_processes(), f"resume={run_dir}"])
         assert _rows(run_dir) == want, (sig, whom, after)
 
 
@@ -485,7 +477,7 @@ def test_a_stop_signal_that_reaches_one_process_stops_them_all_at_the_same_itera
     iteration, the checkpoint is written, the summary says which signal, and the resume completes the run."""
     run_dir = tmp_path / "run"
     hardware = (*sharded_cpu(engine), "model.lora.enabled=false") if engine != "accelerate" else ()
-    cmd = [_torchrun(), "--standalone", "--nproc_per_node", "2", "-m", "cory.train", "experiment=smoke"]
+    cmd = [*_two_processes(), "experiment=smoke"]
     common = [f"hydra.run.dir={run_dir}", f"cache_dir={tmp_path / 'cache'}", "progress=false"]
     launcher = subprocess.Popen(
         [*cmd, "algorithm=cory", *hardware, "iterations=400", "save_every=0", "num_eval=4", *common],
@@ -511,7 +503,7 @@ def test_a_stop_signal_that_reaches_one_process_stops_them_all_at_the_same_itera
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["stopped_by"] == "SIGTERM" and not summary["completed"] and 2 <= summary["iterations"] < 400
     assert latest_checkpoint(run_dir).name == f"iter_{summary['iterations']:06d}"
-    _run([*cmd[:-1], f"resume={run_dir}", "iterations=" + str(summary["iterations"] + 2)])
+    _run([*_two_processes(), f"resume={run_dir}", "iterations=" + str(summary["iterations"] + 2)])
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["completed"] and summary["stopped_by"] is None
 
@@ -524,7 +516,7 @@ def test_a_non_finite_reward_on_one_process_skips_the_update_on_every_process(tm
     iteration never is), both end with the same weights and the run completes."""
     run_dir = tmp_path / "run"
     task = ["task._target_=helpers.nan_rewards.NanOnOneProcess", "+task.nan_rank=1", "+task.nan_call=2"]
-    cmd = [_torchrun(), "--standalone", "--nproc_per_node", "2", "-m", "cory.train", "experiment=smoke"]
+    cmd = [*_two_processes(), "experiment=smoke"]
     cmd += ["algorithm=ppo", *task, "iterations=3", "save_every=1", "keep_checkpoints=3", "progress=false"]
     cmd += ["num_eval=4", f"hydra.run.dir={run_dir}", f"cache_dir={tmp_path / 'cache'}"]
     done = subprocess.run(

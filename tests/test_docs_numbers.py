@@ -165,12 +165,11 @@ def test_gsm8k_cpu_pages() -> None:
     ppo = json.loads((OUT / "gsm8k_cpu" / "ppo_summary.json").read_text())
     assert f"PPO took {ppo['wall_time_s']:.0f} s and CORY {cory['wall_time_s']:.0f} s (`wall_time_s`" in gsm8k
     assert f"{cory['agents']['llm1']['kl']:.3f} now" in gsm8k
-    for name in ("ppo", "cory"):  # the committed curves' data: every evaluation of the summary's run
+    for name, summary in (("ppo", ppo), ("cory", cory)):  # the curves' data: every evaluation
         rows = [json.loads(line) for line in (OUT / "gsm8k_cpu" / f"{name}_metrics.jsonl").read_text().splitlines()]
         evaluated = [r for r in rows if "eval/llm1/task_reward" in r]
-        assert len(evaluated) == 6 and evaluated[-1]["eval/llm1/task_reward"] == approx(
-            (cory if name == "cory" else ppo)["agents"]["llm1"]["task_reward"]
-        )
+        assert len(evaluated) == 6
+        assert evaluated[-1]["eval/llm1/task_reward"] == approx(summary["agents"]["llm1"]["task_reward"])
     for run, agents in (("PPO", ppo["agents"]), ("CORY", cory["agents"])):
         for agent, final in agents.items():
             assert f"**{final['task_reward']:.3f}**" in gsm8k and f"**{final['kl']:.2f}**" in gsm8k, (run, agent)
