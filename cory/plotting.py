@@ -110,11 +110,15 @@ def draw_curves(metrics_jsonl: Path, smooth: int = 0, info: figures.RunInfo | No
     panels = [(axes[0, 0], "task_reward", True, True), (axes[0, 1], "kl", True, True),
               (axes[1, 0], "combined_reward", True, False), (axes[1, 1], "kl_coef", False, False)]  # fmt: skip
     for ax, name, with_eval, with_roles in panels:
-        drawn = False
+        drawn, first_with = False, {}  # a series already drawn → the agent that drew it
         for agent in agents:
             if train_key(agent, name) in data:
                 xs, ys = data[train_key(agent, name)]
-                draw_line(ax, xs, ys, smooth, color=colors[agent], label=f"{agent} train")
+                same = first_with.setdefault((tuple(xs), tuple(ys)), agent)
+                if same == agent:
+                    draw_line(ax, xs, ys, smooth, color=colors[agent], label=f"{agent} train")
+                else:  # the same values (β fixed alike for both agents): dashed, so the line beneath shows through
+                    draw_line(ax, xs, ys, smooth, color=colors[agent], ls="--", label=f"{agent} train (= {same})")
                 drawn = True
             if with_eval and eval_key(agent, name) in data:
                 xs, ys = data[eval_key(agent, name)]

@@ -267,3 +267,26 @@ def test_gsm8k_cpu_passk_table_is_the_committed_evaluations() -> None:
         row = next(line for line in gsm8k.splitlines() if line.startswith(f"| {label} |"))
         shown = [c.strip().strip("*") for c in row.strip("|").split("|")[2:]]
         assert shown == cells, label
+
+
+def test_the_combined_reward_falls_in_every_setting_tried_and_the_optimum_is_the_committed_one() -> None:
+    """README and results.md: the count of settings runs, that the combined reward falls in each agent-run, and the
+    KL-regularised optimum's numbers from `outputs/quickstart/kl_optimum*.json` (`cory-measure kl-optimum`)."""
+    runs = [json.loads(p.read_text()) for p in (OUT / "quickstart" / "settings").glob("*/seed=*/summary.json")]
+    changes = [
+        r["agents"][a]["combined_reward"] - r["initial"][a]["combined_reward"] for r in runs for a in r["agents"]
+    ]
+    assert max(changes) < 0
+    readme, results = page("README.md"), page("docs/results.md")
+    assert f"all {len(changes)} agent-runs of the {len(runs)} other settings and seeds" in readme
+    assert f"Over the table's {len(runs)} runs ({len(changes)} agent-runs" in results
+    for name in ("kl_optimum.json", "kl_optimum_norepeat.json"):
+        o = json.loads((OUT / "quickstart" / name).read_text())
+        assert (o["prompts"], o["samples"], o["eta"]) == (64, 16, 0.3)
+        printed = (
+            f"+{o['reward_gain']:.2f} ± {o['reward_gain_se']:.2f} in task reward at {o['kl']:.2f} ± {o['kl_se']:.2f} "
+            f"nats, a combined reward up by +{o['combined_gain']:.2f} ± {o['combined_gain_se']:.2f}"
+        )
+        assert printed in results, name
+    default = json.loads((OUT / "quickstart" / "kl_optimum.json").read_text())
+    assert f"Answers to one prompt differ by {default['within_prompt_sd']:.2f} in reward" in results

@@ -176,6 +176,20 @@ def test_a_beta_that_barely_moves_is_drawn_flat_and_one_that_moves_fills_its_pan
     assert 0.28 < low < 0.3 and 0.6 < high < 0.62  # matplotlib's own margins around 0.3 … 0.6
 
 
+def test_an_agents_line_that_repeats_another_is_dashed_and_says_so(tmp_path):
+    """β fixed alike for both agents drew llm2's line exactly over llm1's, hiding it: a repeated series is dashed and
+    its label names the agent it repeats; series that differ keep solid lines and plain labels."""
+    rows = _cory_rows()
+    for row in rows[:-1]:
+        row |= {"train/llm1/kl_coef": 0.3, "train/llm2/kl_coef": 0.3}
+    fig = draw_curves(_run(tmp_path / "r", _config(), rows) / "metrics.jsonl")
+    beta = next(ax for ax in fig.axes if ax.get_title() == "KL coefficient β")
+    lines = {ln.get_label(): ln for ln in beta.lines}
+    assert lines["llm1 train"].get_linestyle() == "-" and lines["llm2 train (= llm1)"].get_linestyle() == "--"
+    reward = next(ax for ax in fig.axes if ax.get_title() == "task reward")
+    assert {"llm1 train", "llm2 train"} <= {ln.get_label() for ln in reward.lines}
+
+
 def test_iteration_ticks_are_whole_numbers(tmp_path):
     """Two iterations gave ticks at 0.25, 0.5, …: an iteration axis has integer ticks only."""
     run = _run(tmp_path / "r", _config(), _cory_rows(n=2, swaps=(0, 0)))

@@ -24,6 +24,7 @@ from cory.studies import (
     claim_report,
     command,
     family_report,
+    kl_optimum,
     make_gpt2_small,
     measure,
     paired_test,
@@ -168,6 +169,7 @@ def _cases(klass: str, tmp: Path) -> dict[str, Case | str]:
             "report paired": (paired_test.main, [str(_outcomes(tmp / "a", "").parent), str(tmp / "a")],
                               "holds no evaluation"),
             "measure reward-spread": (reward_spread.main, ["--batches", "0", *SMOKE], "--batches: 0 is below 1"),
+            "measure kl-optimum": (kl_optimum.main, ["--samples", "1", *SMOKE], "the optimum over one answer"),
             "measure stop-latency": (stop_latency.main, ["experiment="], "experiment"),
             "sweep": (run_sweep.main, ["--dir", str(out), "--jobs", "", *SMOKE], "--jobs: '' is not an integer"),
             "gpt2-small": (make_gpt2_small.main, ["--tokenizer-dir", str(_tokenizer(tmp / "t", encoder="")), "--out",
@@ -194,6 +196,7 @@ def _cases(klass: str, tmp: Path) -> dict[str, Case | str]:
             "report paired": (paired_test.main, [str(_outcomes(tmp / "a", _outcome_rows(keep=3)).parent),
                                                  str(tmp / "a")], "is not whole (3 of 4 problems)"),
             "measure reward-spread": (reward_spread.main, [*SMOKE, "algorithm=ppo"], "has no pioneer and observer"),
+            "measure kl-optimum": (kl_optimum.main, ["experiment=maft_smoke"], "has no agents evaluated"),
             "measure stop-latency": "its overrides are the run's whole input: nothing of it can be partial",
             "sweep": (run_sweep.main, ["--dir", str(out), *SMOKE, "seed=0,"], "seed=0,"),
             "gpt2-small": (make_gpt2_small.main, ["--tokenizer-dir", str(tokenizer), "--out", str(out), *GPT2],
@@ -218,6 +221,7 @@ def _cases(klass: str, tmp: Path) -> dict[str, Case | str]:
             "report paired": (paired_test.main, [str(_outcomes(tmp / "a", _outcome_rows(vote="yes")).parent),
                                                  str(tmp / "a")], 'problem 0: vote is "yes", not a number'),
             "measure reward-spread": (reward_spread.main, ["--batches", "two", *SMOKE], "--batches: 'two' is not"),
+            "measure kl-optimum": (kl_optimum.main, ["--samples", "two", *SMOKE], "--samples: 'two' is not"),
             "measure stop-latency": (stop_latency.main, [*SMOKE, "batch_size=many"], "batch_size"),
             "sweep": (run_sweep.main, ["--dir", str(out), "--threads", "x", *SMOKE], "--threads: 'x' is not"),
             "gpt2-small": (make_gpt2_small.main, ["--tokenizer-dir", str(tokenizer), "--out", str(out), *GPT2],
@@ -240,6 +244,7 @@ def _cases(klass: str, tmp: Path) -> dict[str, Case | str]:
                                                  str(tmp / "a")], "problem 0: vote is NaN"),
             "measure reward-spread": (reward_spread.main, [*SMOKE, "algorithm.agent.learning_rate=nan"],
                                       "learning_rate"),
+            "measure kl-optimum": (kl_optimum.main, [*SMOKE, "task.eval_kl_coef=nan"], "eval_kl_coef"),
             "measure stop-latency": (stop_latency.main, [*SMOKE, "algorithm.agent.init_kl_coef=nan"], "init_kl_coef"),
             "sweep": (run_sweep.main, ["--dir", str(out), "--jobs", "nan", *SMOKE], "--jobs: 'nan' is not"),
             "gpt2-small": (make_gpt2_small.main, ["--tokenizer-dir", str(tokenizer), "--out", str(out), *GPT2],
@@ -263,6 +268,7 @@ def _cases(klass: str, tmp: Path) -> dict[str, Case | str]:
                               "holds a list, not an object"),
             "report paired": (paired_test.main, [str(tmp / "a"), str(tmp / "a")], "is not text"),
             "measure reward-spread": (reward_spread.main, [*SMOKE, "algorithm.agent.no_such_key=1"], "no_such_key"),
+            "measure kl-optimum": (kl_optimum.main, [*SMOKE, "task=no_such_task"], "no_such_task"),
             "measure stop-latency": (stop_latency.main, [*SMOKE, "task=no_such_task"], "no_such_task"),
             "sweep": (run_sweep.main, ["--dir", str(out), *SMOKE, "no_such_key.x=1"], "no_such_key"),
             "gpt2-small": (make_gpt2_small.main, ["--tokenizer-dir", str(tokenizer), "--out", str(out), *GPT2],
@@ -284,6 +290,8 @@ def _cases(klass: str, tmp: Path) -> dict[str, Case | str]:
             "report paired": "it writes nothing: its answer is printed",
             "measure reward-spread": (reward_spread.main, ["--batches", "1", "--out", str(blocked / "s.json"), *SMOKE,
                                                            "algorithm=cory"], "cannot write"),
+            "measure kl-optimum": (kl_optimum.main, ["--samples", "2", "--out", str(blocked / "o.json"), *SMOKE],
+                                   "cannot write"),
             "measure stop-latency": "it writes only into a temporary folder of its own",
             "sweep": (run_sweep.main, ["--dir", str(blocked), *SMOKE], "cannot write"),
             "gpt2-small": (make_gpt2_small.main, ["--tokenizer-dir", str(_tokenizer(tmp / "t")), "--out", str(blocked),
@@ -293,8 +301,9 @@ def _cases(klass: str, tmp: Path) -> dict[str, Case | str]:
 
 
 COMMANDS = ("plot curves", "plot frontier", "report claim", "report claim2", "report family", "report paired",
-            "measure reward-spread", "measure stop-latency", "sweep", "gpt2-small")  # fmt: skip
-SLOW = {"measure reward-spread", "measure stop-latency"}  # they build the tiny model before refusing
+            "measure reward-spread", "measure stop-latency", "measure kl-optimum", "sweep", "gpt2-small")  # fmt: skip
+# they build the tiny model before refusing
+SLOW = {"measure reward-spread", "measure stop-latency", "measure kl-optimum"}
 
 
 def _case(klass: str, name: str, tmp_path: Path) -> Case:
@@ -398,6 +407,7 @@ def test_ctrl_c_is_one_line_and_exit_code_130_and_a_bug_keeps_its_traceback(caps
         ("cory.studies.report", ["paired", "/no/such/a", "/no/such/b"]),
         ("cory.studies.measure", ["reward-spread", "--batches", "0"]),
         ("cory.studies.measure", ["stop-latency", "no_such_key=1"]),
+        ("cory.studies.measure", ["kl-optimum", "--samples", "1"]),
         ("cory.studies.run_sweep", ["--dir", "/tmp/x", "--jobs", "0"]),
         ("cory.studies.make_gpt2_small", ["--tokenizer-dir", "/no/such/folder"]),
     ],

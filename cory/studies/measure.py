@@ -2,6 +2,7 @@
 
 cory-measure reward-spread --batches 8 experiment=imdb_claim_cory_released   # σ(r1 + r2) / σ(r1), no update
 cory-measure stop-latency experiment=smoke                                     # stop signal → checkpoint, seconds
+cory-measure kl-optimum --samples 16 experiment=quickstart algorithm=ppo        # the KL-regularised optimum's gain
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from cory.studies import command
 COMMANDS = {
     "reward-spread": ("cory.studies.reward_spread", "how much more CORY's collective reward spreads than one agent's"),
     "stop-latency": ("cory.studies.stop_latency", "seconds from a stop signal mid-update to the checkpoint on disk"),
+    "kl-optimum": ("cory.studies.kl_optimum", "what the KL-regularised optimum gains on the held-out prompts, at π0"),
 }
 
 
