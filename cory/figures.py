@@ -39,6 +39,7 @@ SWAPS_KEY = "cory/swaps"
 KL_UNIT = "nats"
 # The unit of a task's reward, keyed by the class name of the reward (`task.reward._target_`) or, for tasks that
 # score answers themselves, of the task (`task._target_`). An unknown class gets no unit rather than a wrong one.
+# The toy task's `CharacterShare` is named by its characters (`reward_unit`).
 REWARD_UNITS = {
     "TfidfSentimentReward": "TF-IDF logit",  # logistic-regression decision function (cory/tasks/rewards.py)
     "ClassifierReward": "classifier logit",  # raw POSITIVE logit, e.g. lvwerra/distilbert-imdb
@@ -46,7 +47,7 @@ REWARD_UNITS = {
     "arithmetic_task": "fraction correct",
     "GSM8KTask": "fraction correct",  # the same tasks in run folders written before they were functions
     "ArithmeticTask": "fraction correct",
-    "ToyTask": "fraction of vowels",  # share of target characters in the response
+    "ToyTask": "fraction of vowels",  # run folders written before the toy task's reward was a part
     "MAFT": "fraction correct",
 }
 ALGORITHM_NAMES = {  # how figures name each `algorithm=` option (the config's file name otherwise)
@@ -106,9 +107,13 @@ def reward_unit(config: Mapping | None) -> str | None:
     reward = task.get("reward") if isinstance(task, Mapping) else None
     if isinstance(reward, Mapping) and reward.get("bound") in ("probability", "sigmoid"):
         return "P(positive)"  # a bounded reward (docs/method.md §3.8) is a probability, whatever its classifier
-    for name in (_target_name(reward), _target_name(task)):
-        if name in REWARD_UNITS:
-            return REWARD_UNITS[name]
+    if _target_name(reward) == "CharacterShare":  # the toy task's reward: the share of a set of characters
+        characters = str(reward.get("characters", ""))
+        return "fraction of vowels" if set(characters) == set("aeiou") else f"fraction of {characters!r}"
+    # the reward's class when the task has a reward part (an unknown one gets no unit, not its task's), else the task's
+    name = _target_name(reward) if isinstance(reward, Mapping) else _target_name(task)
+    if name in REWARD_UNITS:
+        return REWARD_UNITS[name]
     return REWARD_UNITS.get(_target_name(config.get("algorithm")) or "")
 
 

@@ -72,8 +72,8 @@ def _check_targets(cfg: DictConfig) -> None:
     task = cfg.task
     if "reward" in task:  # a nested `_target_` built by instantiate before the task
         _bind(task.reward)
-        task = OmegaConf.masked_copy(task, [k for k in task if k != "reward"])
-        _bind(task, tokenizer=None, reward=None)
+        kwargs = {k: v for k, v in _kwargs(task).items() if k != "reward"}  # resolved in place: `${seed}` included
+        inspect.signature(get_object(task._target_)).bind(tokenizer=None, reward=None, **kwargs)
     else:
         _bind(task, tokenizer=None)
     assert cfg.algorithm._partial_ is True

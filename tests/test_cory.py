@@ -19,7 +19,6 @@ from cory.algorithms.team import Team
 from cory.ppo.actor import Actor
 from cory.ppo.core import RunningMoments
 from cory.ppo.learner import Agent, PPOLearner, Update
-from cory.tasks.toy import ToyTask
 from cory.train import train
 
 
@@ -147,11 +146,10 @@ class StubAgent:
         return None
 
 
-class StubTask(ToyTask):
-    """Reward 1 for any observer-role response that saw the pioneer (prompt has '|'), and 0.25 for a pioneer."""
-
-    def score(self, queries, responses):
-        return [1.0 if "|" in r else 0.25 for r in responses]
+def saw_the_pioneer(queries, responses):
+    """The toy task's reward part: 1 for any observer-role response that saw the pioneer (prompt has '|'), and 0.25
+    for a pioneer."""
+    return [1.0 if "|" in r else 0.25 for r in responses]
 
 
 class StubLearner:
@@ -170,7 +168,7 @@ class StubLearner:
 
 
 def stub_cory(*overrides: str) -> Team:
-    return make_cory(overrides, task_cls=StubTask, learner=StubLearner())
+    return make_cory(overrides, reward=saw_the_pioneer, learner=StubLearner())
 
 
 @pytest.mark.parametrize("w_other, pioneer, observer", [(1.0, 1.25, 1.25), (-1.0, -0.75, 0.75), (0.0, 0.25, 1.0)])

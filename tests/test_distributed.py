@@ -515,7 +515,8 @@ def test_a_non_finite_reward_on_one_process_skips_the_update_on_every_process(tm
     gradient exchange for ever; the processes agree instead: both skip iteration 1, neither checkpoints it (a bad
     iteration never is), both end with the same weights and the run completes."""
     run_dir = tmp_path / "run"
-    task = ["task._target_=helpers.nan_rewards.NanOnOneProcess", "+task.nan_rank=1", "+task.nan_call=2"]
+    task = ["task.reward._target_=helpers.nan_rewards.NanOnOneProcess", "+task.reward.nan_rank=1"]
+    task += ["+task.reward.nan_call=2"]
     cmd = [*_two_processes(), "experiment=smoke"]
     cmd += ["algorithm=ppo", *task, "iterations=3", "save_every=1", "keep_checkpoints=3", "progress=false"]
     cmd += ["num_eval=4", f"hydra.run.dir={run_dir}", f"cache_dir={tmp_path / 'cache'}"]

@@ -105,6 +105,12 @@ def test_run_info_reads_what_the_run_is_from_its_config_summary_and_overrides(tm
     assert figures.reward_unit({"task": paper_reward}) == "classifier logit"
     assert figures.reward_unit({"task": {"_target_": "cory.tasks.gsm8k.GSM8KTask"}}) == "fraction correct"
     assert figures.reward_unit({"task": {"_target_": "my.Unknown"}}) is None
+    share = {"_target_": "cory.tasks.toy.CharacterShare"}
+    toy = {"_target_": "cory.tasks.toy.ToyTask", "reward": share}
+    assert figures.reward_unit({"task": toy | {"reward": share | {"characters": "aeiou"}}}) == "fraction of vowels"
+    assert figures.reward_unit({"task": toy | {"reward": share | {"characters": "xy"}}}) == "fraction of 'xy'"
+    assert figures.reward_unit({"task": toy | {"reward": {"_target_": "my.LetterReward"}}}) is None  # not the toy's
+    assert figures.reward_unit({"task": {"_target_": "cory.tasks.toy.ToyTask"}}) == "fraction of vowels"  # older runs
     bounded = {**paper_reward, "reward": {**paper_reward["reward"], "bound": "probability"}}
     assert figures.reward_unit({"task": bounded}) == "P(positive)"  # a bounded reward is a probability
     clipped = {**paper_reward, "reward": {**paper_reward["reward"], "bound": "clip", "ceiling": 3.0}}

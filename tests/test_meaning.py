@@ -6,8 +6,8 @@ with its own message. A wrong version is a monkeypatch or a one-line source muta
 (`mutated`); if the real code changes so that a mutation no longer applies, that test errors instead of passing
 silently, and the wrong version must be rewritten for the new code.
 
-The task rewards the query as well as the response (`EchoTask`), so scoring a response on the wrong prompt
-changes the number: the toy task's vowel reward ignores the query and would hide that mistake.
+The task rewards the query as well as the response (the toy task with the `echo` reward part), so scoring a response
+on the wrong prompt changes the number: the toy task's vowel reward ignores the query and would hide that mistake.
 Run: `pytest tests/test_meaning.py` (about a minute on 2 CPUs).
 """
 
@@ -43,18 +43,18 @@ from cory.metrics import AGENT_PLACEHOLDER, ROLES, RUN_METRICS, is_known_metric
 from cory.models import build_tiny_gpt2, make_reference
 from cory.ppo.actor import Actor
 from cory.ppo.learner import Batch, PPOLearner, agent_on
-from cory.tasks.toy import ToyTask
+from cory.tasks.toy import CharacterShare, ToyTask
 from cory.train import train
 
 MAX_NEW = 4
 Check = Callable[[Path], None]
 
 
-class EchoTask(ToyTask):
-    """r(q, a) = len(q)/10 + share of vowels in a: like a real task's reward, it depends on the query."""
-
-    def score(self, queries: list[str], responses: list[str]) -> list[float]:
-        return [len(q) / 10 + v for q, v in zip(queries, super().score(queries, responses), strict=True)]
+def echo(queries: list[str], responses: list[str]) -> list[float]:
+    """The toy task's reward part r(q, a) = len(q)/10 + share of vowels in a: like a real task's reward, it depends on
+    the query."""
+    vowels = CharacterShare("aeiou")(queries, responses)
+    return [len(q) / 10 + v for q, v in zip(queries, vowels, strict=True)]
 
 
 def mutated(func: Callable, *edits: tuple[str, str]) -> Callable:
@@ -72,8 +72,8 @@ def mutated(func: Callable, *edits: tuple[str, str]) -> Callable:
 
 
 def one_cory_step(*overrides: str) -> SimpleNamespace:
-    """One CORY iteration with real tiny agents on `EchoTask`: every act (agent, prompts, rollout) and learn
-    (agent, scores), and the step output whose sample rows cover the whole batch."""
+    """One CORY iteration with real tiny agents on the toy task scored by `echo`: every act (agent, prompts,
+    rollout) and learn (agent, scores), and the step output whose sample rows cover the whole batch."""
     calls = SimpleNamespace(act=[], learn=[])
     act, update = Actor.act, PPOLearner.update
 
@@ -89,7 +89,7 @@ def one_cory_step(*overrides: str) -> SimpleNamespace:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(Actor, "act", act_spy)
         mp.setattr(PPOLearner, "update", update_spy)
-        algorithm = make_cory(overrides, task_cls=EchoTask)
+        algorithm = make_cory(overrides, reward=echo)
         torch.manual_seed(0)
         calls.out = algorithm.step(0)
     calls.task = algorithm.task
@@ -139,7 +139,7 @@ def check_evaluation_samples_in_eval_mode(tmp: Path) -> None:
     config = learner(("experiment=official_code",), mini_batch_size=4, ppo_epochs=1)
     assert config.generate_in_train_mode
     agent = agent_on("llm1", model, make_reference(model), tokenizer, config, seed=0)
-    task = EchoTask(tokenizer, **task_kwargs("toy"))
+    task = ToyTask(tokenizer, reward=echo, **task_kwargs("toy"))
     queries, lengths = task.eval_queries()[:8], [6] * 8
     rollout = agent.actor.act(queries[:4], 6, task.generation_kwargs, 4)
     agent.learner.update(Batch(rollout, torch.ones(4)))  # TRL: train mode from now

@@ -29,7 +29,6 @@ from cory.ppo import core as ppo_core
 from cory.ppo.estimators import GAE, GRPO, EstimatorInputs
 from cory.ppo.learner import PPOLearner, Update
 from cory.ppo.losses import ClippedPPO, ClippedPPOKLInLoss, LossInputs
-from cory.tasks.toy import ToyTask
 
 
 # ------------------------------------------------------------------------------------------------ stubs
@@ -77,17 +76,15 @@ class StubLearner:
         return StubAgent(name, self.log)
 
 
-class SeesTask(ToyTask):
-    """r = 1 for an answer that saw another's (its prompt held a `|`, the toy observer template), 0.5 for the
-    pioneer's answer of a query, 0.25 for a later role answering the query alone."""
-
-    def score(self, queries, responses):
-        return [1.0 if "|" in r else (0.5 if r.startswith("llm1(") else 0.25) for r in responses]
+def sees(queries, responses):
+    """The toy task's reward part: r = 1 for an answer that saw another's (its prompt held a `|`, the toy observer
+    template), 0.5 for the pioneer's answer of a query, 0.25 for a later role answering the query alone."""
+    return [1.0 if "|" in r else (0.5 if r.startswith("llm1(") else 0.25) for r in responses]
 
 
-def stub_team(*overrides: str, task_cls=SeesTask):
+def stub_team(*overrides: str, reward=sees):
     learner = StubLearner()
-    return make_cory(overrides, task_cls=task_cls, learner=learner), learner.log
+    return make_cory(overrides, reward=reward, learner=learner), learner.log
 
 
 # ---------------------------------------------------------------------------------------------- per-role normalisation

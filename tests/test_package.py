@@ -89,43 +89,34 @@ def test_cory_train_runs_and_completes_on_the_command_line(tmp_path):
 
 EXTERNAL = {
     "myext/__init__.py": "",
-    "myext/tasks.py": '''
-        """A task of another project: the toy prompts, scored by any reward on the response alone."""
-
-        from collections.abc import Callable
-
-        from cory.tasks.toy import ToyTask
-
-
-        class RewardedToyTask(ToyTask):
-            def __init__(self, reward: Callable[[list[str]], list[float]], **toy) -> None:
-                super().__init__(**toy)
-                self.reward = reward
-
-            def score(self, queries: list[str], responses: list[str]) -> list[float]:
-                return [float(s) for s in self.reward(responses)]
-        ''',
     "myext/rewards.py": '''
-        """A reward of another project: how often a letter occurs."""
+        """A reward of another project for cory's toy task: how often a letter occurs in each response."""
 
 
         class LetterReward:
             def __init__(self, letter: str) -> None:
                 self.letter = letter
 
-            def __call__(self, texts: list[str]) -> list[float]:
-                return [float(text.count(self.letter)) for text in texts]
+            def __call__(self, queries: list[str], responses: list[str]) -> list[float]:
+                return [float(response.count(self.letter)) for response in responses]
         ''',
     "myext/conf/__init__.py": "",
     "myext/conf/task/letters.yaml": """
-        defaults:
-          - toy            # cory's toy task: its prompts and settings
-          - _self_
-        _target_: myext.tasks.RewardedToyTask
+        # cory's toy task, its reward a part of this project (a task is configured, never subclassed)
+        _target_: cory.tasks.toy.ToyTask
         name: letters
         reward:
           _target_: myext.rewards.LetterReward
           letter: e
+        num_train: 512
+        num_eval: 32
+        query_chars: [2, 6]
+        max_new_tokens: [6, 10]
+        generation_kwargs: {do_sample: true, top_k: 0, top_p: 1.0, temperature: 1.0}
+        eval_kl_coef: 0.3
+        failure_reward: 0.0
+        observer_template: "{query}{response}|{query}"
+        seed: ${seed}
         """,
     "hydra_plugins/myext_searchpath/__init__.py": """
         from hydra.core.config_search_path import ConfigSearchPath
@@ -141,7 +132,7 @@ EXTERNAL = {
 
 @pytest.mark.long
 @pytest.mark.slow
-def test_another_project_adds_a_task_and_a_reward_without_editing_cory(tmp_path):
+def test_another_project_adds_a_task_config_and_a_reward_without_editing_cory(tmp_path):
     project = tmp_path / "myproject"
     for name, text in EXTERNAL.items():
         (project / name).parent.mkdir(parents=True, exist_ok=True)

@@ -29,7 +29,7 @@ from cory.errors import AssetUnavailableError, ConfigError
 from cory.ppo.actor import Actor
 from cory.ppo.learner import PPOLearner
 from cory.tasks.rewards import BoundedReward, ClassifierReward, TfidfSentimentReward, clip_above, sigmoid
-from cory.tasks.toy import ToyTask
+from cory.tasks.toy import CharacterShare
 
 
 @pytest.fixture(autouse=True)
@@ -215,12 +215,11 @@ def test_a_wrong_bound_on_the_command_line_is_refused_when_the_config_is_validat
     validate(compose_cfg(["experiment=quickstart", "task/reward=distilbert_imdb", "task.reward.bound=clip"]))
 
 
-class LogitToy(ToyTask):
-    """A logit-like reward, 12·(vowel share) − 3 (about −3 … +9), bounded per response by σ as a reward part."""
-
-    def score(self, queries: list[str], responses: list[str]) -> list[float]:
-        logits = [12 * v - 3 for v in super().score(queries, responses)]
-        return BoundedReward(lambda texts: logits, "sigmoid")(responses)
+def logit_toy(queries: list[str], responses: list[str]) -> list[float]:
+    """The toy task's reward part: a logit-like 12·(vowel share) − 3 (about −3 … +9), bounded per response by σ as
+    a reward part."""
+    logits = [12 * v - 3 for v in CharacterShare("aeiou")(queries, responses)]
+    return BoundedReward(lambda texts: logits, "sigmoid")(responses)
 
 
 def test_cory_sums_the_bounded_rewards_not_the_bound_of_the_sum(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -238,10 +237,10 @@ def test_cory_sums_the_bounded_rewards_not_the_bound_of_the_sum(monkeypatch: pyt
 
     monkeypatch.setattr(PPOLearner, "update", update_spy)
     monkeypatch.setattr(Actor, "act", act_spy)
-    algorithm = make_cory(task_cls=LogitToy)
+    algorithm = make_cory(reward=logit_toy)
     torch.manual_seed(0)
     algorithm.step(0)
-    raw = [[12 * v - 3 for v in ToyTask.score(algorithm.task, QUERIES, r.responses)] for r in responses]
+    raw = [[12 * v - 3 for v in CharacterShare("aeiou")(QUERIES, r.responses)] for r in responses]
     s1, s2 = sigmoid(np.array(raw[0])), sigmoid(np.array(raw[1]))
     assert len(learned) == 2
     for scores in learned:

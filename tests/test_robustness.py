@@ -62,7 +62,7 @@ from cory.algorithms.agents import QuerySchedule
 from cory.algorithms.team import Team
 from cory.checkpoints import latest_checkpoint
 from cory.errors import CheckpointError, ConfigError, NonFiniteError
-from cory.tasks.toy import ToyTask
+from cory.tasks.toy import CharacterShare, ToyTask
 from cory.train import train
 from cory.trainer import Trainer
 
@@ -414,7 +414,7 @@ def test_a_failing_reward_gets_the_failure_reward_and_is_counted(tmp_path, monke
 
     monkeypatch.setattr(QuerySchedule, "batch", batch)
     monkeypatch.setattr(ToyTask, "score", score)
-    held_out = ToyTask(tokenizer=None, **task_kwargs("toy")).eval_queries()
+    held_out = ToyTask(tokenizer=None, reward=CharacterShare("aeiou"), **task_kwargs("toy")).eval_queries()
     failing.update(held_out[:1])  # the held-out evaluations fail on one query too
     run_dir = tmp_path / "run"
     train(smoke(tmp_path, "task.failure_reward=-1.0"), run_dir)

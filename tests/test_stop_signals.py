@@ -33,8 +33,8 @@ def sweep_command(tmp_path: Path, *args: str, jobs: int = 2) -> list[str]:
     """A smoke sweep whose first `jobs` jobs start training together and take at least 0.15 s per iteration
     (`helpers.paced`): a job cannot end between "every job trains" and the signal, on however fast a machine."""
     paced = [
-        "task._target_=helpers.paced.PacedToyTask", f"+task.barrier_dir={tmp_path / 'barrier'}", f"+task.jobs={jobs}",
-        "+task.pause=0.15",
+        "task.reward._target_=helpers.paced.PacedReward", f"+task.reward.barrier_dir={tmp_path / 'barrier'}",
+        f"+task.reward.jobs={jobs}", "+task.reward.pause=0.15",
     ]  # fmt: skip
     return [
         sys.executable, "-m", "cory.train", "-m", "experiment=smoke", "iterations=12", "save_every=0",

@@ -249,11 +249,12 @@ def test_a_target_the_users_own_command_named_is_built_again_when_the_command_na
     """Trust follows the command line, not the folder: a run started with a task of the user's own module resumes
     only when the resume command names it too (a sweep continued or a job requeued with its own command retypes it:
     tests/test_stop_signals.py); named again, it is built although the folder's record names it as well."""
-    own = ["task._target_=helpers.paced.PacedToyTask", f"+task.barrier_dir={tmp_path / 'b'}", "+task.jobs=1"]
+    own = ["task.reward._target_=helpers.paced.PacedReward", f"+task.reward.barrier_dir={tmp_path / 'b'}"]
+    own += ["+task.reward.jobs=1"]
     run_dir = tmp_path / "run"
-    start_run(tmp_path, run_dir, "iterations=2", "save_every=2", *own, "+task.pause=0")
+    start_run(tmp_path, run_dir, "iterations=2", "save_every=2", *own, "+task.reward.pause=0")
     code, err = run_main(monkeypatch, capsys, f"resume={run_dir}", "iterations=3")
-    assert code == 2 and "task._target_: helpers.paced.PacedToyTask, which no installed config names" in err
+    assert code == 2 and "task.reward._target_: helpers.paced.PacedReward, which no installed config names" in err
     code, err = run_main(monkeypatch, capsys, f"resume={run_dir}", "iterations=3", own[0])
     assert code == 0, err
     assert [r["iteration"] for r in read_rows(run_dir) if "train/llm1/kl" in r] == [1, 2, 3]

@@ -1,18 +1,33 @@
 """A synthetic task a tiny random model learns on a CPU in seconds (tests, `experiment=smoke`).
 
-Queries are short random strings; the reward is the fraction of response characters found in `target`. It is
-not a paper task: it exists to show that reward rises and to exercise every code path without downloads. Its
-reward ignores the query, so tests of what a reward is computed on use a query-dependent task of their own.
+Queries are short random strings; the reward is a part (`task.reward`, called as the task's `score` is: queries and
+responses in, one score per response out), by default `CharacterShare`: the fraction of response characters found
+in a set, whatever the query. It is not a paper task: it exists to
+show that reward rises and to exercise every code path without downloads. A test or another project that needs
+another reward gives another part (`task.reward._target_=...`), never a subclass of the task.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 
+class CharacterShare:
+    """The share of each response's characters that are in `characters` (0 for an empty response); the queries are
+    not read."""
+
+    def __init__(self, characters: str) -> None:
+        self.characters = characters
+
+    def __call__(self, queries: list[str], responses: list[str]) -> list[float]:
+        return [sum(c in self.characters for c in r) / max(len(r), 1) for r in responses]
+
+
 class ToyTask:
-    """Reward = share of response characters that are in `target`; the observer sees the pioneer's answer.
+    """Reward = `reward(queries, responses)`, a part; the observer sees the pioneer's answer.
 
     No argument has a default: `cory/conf/task/toy.yaml` is the only place their values are written. `tokenizer` is
     accepted (Hydra passes the policy tokenizer to every task) and unused: queries are plain characters.
@@ -29,7 +44,7 @@ class ToyTask:
     def __init__(
         self,
         tokenizer: PreTrainedTokenizerBase | None,
-        target: str,
+        reward: Callable[[list[str], list[str]], list[float]],
         num_train: int,
         num_eval: int,
         query_chars: tuple[int, int],
@@ -41,7 +56,7 @@ class ToyTask:
         seed: int,
         name: str,
     ) -> None:
-        self.name, self.target, self.observer_template = name, target, observer_template
+        self.name, self.reward, self.observer_template = name, reward, observer_template
         self.eval_kl_coef, self.failure_reward = eval_kl_coef, failure_reward
         self.max_new_tokens = (int(max_new_tokens[0]), int(max_new_tokens[1]))
         self.generation_kwargs = dict(generation_kwargs)
@@ -64,4 +79,4 @@ class ToyTask:
         return self.observer_template.format(query=query, response=pioneer_response)
 
     def score(self, queries: list[str], responses: list[str]) -> list[float]:
-        return [sum(c in self.target for c in r) / max(len(r), 1) for r in responses]
+        return [float(score) for score in self.reward(queries, responses)]
