@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import importlib.util
 import json
 import statistics
 import sys
@@ -42,7 +43,18 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCH_OVERRIDES = ["eval_every=0", "save_every=0", "num_eval=2", "progress=false"]
+
+
+def _benchmark_overrides() -> list[str]:
+    """`scripts/benchmark.py`'s settings (no intermediate evaluation or checkpoint, ...), read from it, so that the
+    phases are measured on the run the benchmark times."""
+    spec = importlib.util.spec_from_file_location("benchmark", ROOT / "scripts" / "benchmark.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return list(module.BENCH_OVERRIDES)
+
+
+BENCH_OVERRIDES = _benchmark_overrides()
 
 
 class Clock:

@@ -51,7 +51,9 @@ case "$what" in
     sweep "$OUT/runs" "$OUT/results" sweep=imdb_claim2 "$@"
     ;;
   extend)  # the rule's one extension: resume each unsaturated run to 200 iterations, then keep its files
-    for run in $($PY -m cory.studies.claim2_report unsaturated "$OUT/results"); do
+    # an assignment, so that a failing listing stops the script (set -e) instead of extending nothing
+    unsaturated=$($PY -m cory.studies.claim2_report unsaturated "$OUT/results")
+    for run in $unsaturated; do
       folder="$OUT/runs/$run"
       [ -f "$folder/run_config.yaml" ] || { echo "error: $folder is gone; run the study on this machine first"; exit 2; }
       link="$OUT/runs/.extend"  # resume= takes a path without '=': a link to the folder (cory-sweep's way)

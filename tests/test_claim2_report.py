@@ -371,6 +371,9 @@ def test_the_driver_reports_refuses_unknown_steps_and_will_not_extend_a_lost_run
         out.stdout.strip()
         == "error: outputs/claim2/runs/experiment=imdb_claim2_cory/seed=1 is gone; run the study on this machine first"
     )
+    (results / "experiment=imdb_claim2_cory" / "seed=1" / "summary.json").write_text("{")  # the listing fails …
+    out = _driver(repo, "extend")  # … and stops the driver with its own error, instead of extending nothing
+    assert out.returncode == 2 and "is not valid JSON" in out.stderr, (out.stdout, out.stderr)
 
 
 @pytest.mark.long
