@@ -156,7 +156,8 @@ def _team_name(algorithm: Any) -> str | None:
     parts = {k: _option(algorithm.get(k)) for k in ("critic", "advantage", "schedule", "layout", "credit")}
     advantage = algorithm.get("advantage")
     per_role = bool(advantage.get("per_role", False)) if isinstance(advantage, Mapping) else False
-    return team_name(episode["name"], len(episode.get("roles") or ()), **parts, per_role=per_role)
+    sees = episode.get("sees", "latest") if episode.get("knowledge_transfer", True) else None
+    return team_name(episode["name"], len(episode.get("roles") or ()), **parts, per_role=per_role, sees=sees)
 
 
 def run_info(config: Mapping | None = None, summary: Mapping | None = None, overrides: Iterable[str] = ()) -> RunInfo:

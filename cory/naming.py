@@ -66,13 +66,16 @@ def team_name(
     layout: str,
     credit: str,
     per_role: bool = False,
+    sees: str | None = None,
 ) -> str:
     """The name of a policy-gradient team in summaries, W&B and figures, from its parts' option names
     (`cory/algorithms/team.py`): the episode's own name (`ppo`, `cory`, `team3`, …), `_cc` with a centralised critic,
     the advantage estimator when it is not GAE (with one role it replaces `ppo`: `grpo`, `rloo`), with several roles
     the layout and the schedule when they are not the episode's own (`cory_interleaved`, `cory_shared`,
-    `cory_lora_per_role`), `_per_role` when the estimator normalises each role apart (`cory_shared_per_role`), and the
-    credit rule when it is not the collective reward (`cory_counterfactual`)."""
+    `cory_lora_per_role`), `_per_role` when the estimator normalises each role apart (`cory_shared_per_role`), the
+    credit rule when it is not the collective reward (`cory_counterfactual`), and which earlier answers a chain's
+    later roles see when it is not all of them (`sees`: given for three or more roles with knowledge transfer, where
+    `latest` and `all` differ; `cory_chain3_sees_latest`)."""
     name = episode + ("_cc" if critic == "centralized" else "")
     if advantage != "gae":
         name = advantage if roles == 1 else f"{name}_{advantage}"
@@ -86,4 +89,6 @@ def team_name(
         name += "_per_role"
     if credit != "collective":
         name += f"_{credit}"
+    if sees is not None and roles > 2 and sees != "all":
+        name += f"_sees_{sees}"
     return name

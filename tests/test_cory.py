@@ -146,10 +146,10 @@ class StubAgent:
         return None
 
 
-def saw_the_pioneer(queries, responses):
-    """The toy task's reward part: 1 for any observer-role response that saw the pioneer (prompt has '|'), and 0.25
-    for a pioneer."""
-    return [1.0 if "|" in r else 0.25 for r in responses]
+def saw_the_pioneer(texts):
+    """The toy task's reward part (on responses): 1 for any observer-role response that saw the pioneer (prompt has
+    '|'), and 0.25 for a pioneer."""
+    return [1.0 if "|" in r else 0.25 for r in texts]
 
 
 class StubLearner:

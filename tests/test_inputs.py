@@ -189,6 +189,7 @@ BAD = {  # override → key the one-line message must name
     "task=imdb task.reward._target_=cory.tasks.rewards.NoSuchReward": "task.reward._target_",
     "task=imdb task.source=web": "task.source",
     "task=imdb task.scored=query": "task.scored",
+    "task=toy task.scored=answer": "task.scored",
     "algorithm=cory algorithm.schedule.period=0": "algorithm.schedule.period=0: must be >= 1",
 }
 if not torch.cuda.is_available():

@@ -50,11 +50,10 @@ MAX_NEW = 4
 Check = Callable[[Path], None]
 
 
-def echo(queries: list[str], responses: list[str]) -> list[float]:
-    """The toy task's reward part r(q, a) = len(q)/10 + share of vowels in a: like a real task's reward, it depends on
-    the query."""
-    vowels = CharacterShare("aeiou")(queries, responses)
-    return [len(q) / 10 + v for q, v in zip(queries, vowels, strict=True)]
+def echo(texts: list[str]) -> list[float]:
+    """The toy task's reward part, read on q + a (`scored="query_response"`): len(q + a)/10 + share of vowels in
+    q + a. Like a real task's reward, it depends on the query."""
+    return [len(t) / 10 + v for t, v in zip(texts, CharacterShare("aeiou")(texts), strict=True)]
 
 
 def mutated(func: Callable, *edits: tuple[str, str]) -> Callable:
@@ -89,7 +88,7 @@ def one_cory_step(*overrides: str) -> SimpleNamespace:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(Actor, "act", act_spy)
         mp.setattr(PPOLearner, "update", update_spy)
-        algorithm = make_cory(overrides, reward=echo)
+        algorithm = make_cory(overrides, reward=echo, scored="query_response")
         torch.manual_seed(0)
         calls.out = algorithm.step(0)
     calls.task = algorithm.task
@@ -139,7 +138,7 @@ def check_evaluation_samples_in_eval_mode(tmp: Path) -> None:
     config = learner(("experiment=official_code",), mini_batch_size=4, ppo_epochs=1)
     assert config.generate_in_train_mode
     agent = agent_on("llm1", model, make_reference(model), tokenizer, config, seed=0)
-    task = ToyTask(tokenizer, reward=echo, **task_kwargs("toy"))
+    task = ToyTask(tokenizer, reward=echo, **task_kwargs("toy", scored="query_response"))
     queries, lengths = task.eval_queries()[:8], [6] * 8
     rollout = agent.actor.act(queries[:4], 6, task.generation_kwargs, 4)
     agent.learner.update(Batch(rollout, torch.ones(4)))  # TRL: train mode from now

@@ -20,7 +20,9 @@ from helpers.compose import CONF_DIR, compose_cfg
 from helpers.cory_setup import QUERIES, make_cory
 from helpers.runners import assert_same_rows, read_rows, resume, resume_run, start, start_run, wait_for_train_row
 from hydra.utils import instantiate
+from omegaconf import OmegaConf
 
+from cory import figures
 from cory.algorithms.agents import AgentSet
 from cory.algorithms.credit import Collective, Counterfactual
 from cory.algorithms.episodes import Chain
@@ -76,10 +78,11 @@ class StubLearner:
         return StubAgent(name, self.log)
 
 
-def sees(queries, responses):
-    """The toy task's reward part: r = 1 for an answer that saw another's (its prompt held a `|`, the toy observer
-    template), 0.5 for the pioneer's answer of a query, 0.25 for a later role answering the query alone."""
-    return [1.0 if "|" in r else (0.5 if r.startswith("llm1(") else 0.25) for r in responses]
+def sees(texts):
+    """The toy task's reward part (on responses): r = 1 for an answer that saw another's (its prompt held a `|`, the
+    toy observer template), 0.5 for the pioneer's answer of a query, 0.25 for a later role answering the query
+    alone."""
+    return [1.0 if "|" in r else (0.5 if r.startswith("llm1(") else 0.25) for r in texts]
 
 
 def stub_team(*overrides: str, reward=sees):
@@ -199,6 +202,18 @@ def test_each_role_of_the_chain_sees_the_answers_before_it_and_roles_rotate_over
     assert [team.roles(k)["pioneer"] for k in range(4)] == ["llm1", "llm2", "llm3", "llm1"]
     assert [team.step(k).metrics["cory/llm1_role"] for k in (1, 2, 3)] == [2.0, 1.0, 0.0]
     assert team.describe()["algorithm"] == "cory_chain3"
+
+
+def test_a_chain_whose_later_roles_see_only_the_latest_answer_is_named_apart():
+    """`sees=latest` changes what the second observer answers from: its runs must not share `cory_chain3`'s name in
+    summaries, W&B and figures. With two roles, or without knowledge transfer, the two settings are one."""
+    latest = stub_team("algorithm=cory_chain3", "algorithm.episode.sees=latest")[0]
+    assert latest.describe()["algorithm"] == "cory_chain3_sees_latest"
+    cfg = compose_cfg(["experiment=smoke", "algorithm=cory_chain3", "algorithm.episode.sees=latest"])
+    assert figures.algorithm_name(OmegaConf.to_container(cfg, resolve=True)) == "cory_chain3_sees_latest"
+    no_kt = ("algorithm=cory_chain3", "algorithm.episode.sees=latest", "algorithm.episode.knowledge_transfer=false")
+    assert stub_team(*no_kt)[0].describe()["algorithm"] == "cory_chain3"
+    assert stub_team("algorithm=cory", "algorithm.episode.sees=latest")[0].describe()["algorithm"] == "cory"
 
 
 class TemplateTask:

@@ -90,15 +90,15 @@ def test_cory_train_runs_and_completes_on_the_command_line(tmp_path):
 EXTERNAL = {
     "myext/__init__.py": "",
     "myext/rewards.py": '''
-        """A reward of another project for cory's toy task: how often a letter occurs in each response."""
+        """A reward of another project: how often a letter occurs in each text."""
 
 
         class LetterReward:
             def __init__(self, letter: str) -> None:
                 self.letter = letter
 
-            def __call__(self, queries: list[str], responses: list[str]) -> list[float]:
-                return [float(response.count(self.letter)) for response in responses]
+            def __call__(self, texts: list[str]) -> list[float]:
+                return [float(text.count(self.letter)) for text in texts]
         ''',
     "myext/conf/__init__.py": "",
     "myext/conf/task/letters.yaml": """
@@ -108,6 +108,7 @@ EXTERNAL = {
         reward:
           _target_: myext.rewards.LetterReward
           letter: e
+        scored: response
         num_train: 512
         num_eval: 32
         query_chars: [2, 6]

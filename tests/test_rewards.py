@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 import torch
 from helpers.compose import compose_cfg
-from helpers.cory_setup import QUERIES, make_cory
+from helpers.cory_setup import make_cory
 from helpers.fakes import save_tiny_classifier, write_reviews_csv
+from helpers.from_config import task_kwargs
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
@@ -29,7 +30,7 @@ from cory.errors import AssetUnavailableError, ConfigError
 from cory.ppo.actor import Actor
 from cory.ppo.learner import PPOLearner
 from cory.tasks.rewards import BoundedReward, ClassifierReward, TfidfSentimentReward, clip_above, sigmoid
-from cory.tasks.toy import CharacterShare
+from cory.tasks.toy import CharacterShare, ToyTask
 
 
 @pytest.fixture(autouse=True)
@@ -215,11 +216,22 @@ def test_a_wrong_bound_on_the_command_line_is_refused_when_the_config_is_validat
     validate(compose_cfg(["experiment=quickstart", "task/reward=distilbert_imdb", "task.reward.bound=clip"]))
 
 
-def logit_toy(queries: list[str], responses: list[str]) -> list[float]:
-    """The toy task's reward part: a logit-like 12·(vowel share) − 3 (about −3 … +9), bounded per response by σ as
-    a reward part."""
-    logits = [12 * v - 3 for v in CharacterShare("aeiou")(queries, responses)]
-    return BoundedReward(lambda texts: logits, "sigmoid")(responses)
+def test_the_toy_task_scores_the_response_or_the_query_and_response_with_its_reward_part() -> None:
+    share = CharacterShare("aeiou")
+    assert share(["ab", "", "xyz", "ae"]) == [0.5, 0.0, 0.0, 1.0]
+    toy = task_kwargs("toy")
+    assert toy["scored"] == "response"  # the config's: the vowels of the answer alone
+    assert ToyTask(None, reward=share, **toy).score(["aa"], ["bb"]) == [0.0]
+    assert ToyTask(None, reward=share, **(toy | {"scored": "query_response"})).score(["aa"], ["bb"]) == [0.5]
+    with pytest.raises(ValueError, match="task.scored must be one of"):
+        ToyTask(None, reward=share, **(toy | {"scored": "answer"}))
+
+
+def logit_toy(texts: list[str]) -> list[float]:
+    """The toy task's reward part (on responses): a logit-like 12·(vowel share) − 3 (about −3 … +9), bounded per
+    response by σ as a reward part."""
+    logits = [12 * v - 3 for v in CharacterShare("aeiou")(texts)]
+    return BoundedReward(lambda _: logits, "sigmoid")(texts)
 
 
 def test_cory_sums_the_bounded_rewards_not_the_bound_of_the_sum(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -240,7 +252,7 @@ def test_cory_sums_the_bounded_rewards_not_the_bound_of_the_sum(monkeypatch: pyt
     algorithm = make_cory(reward=logit_toy)
     torch.manual_seed(0)
     algorithm.step(0)
-    raw = [[12 * v - 3 for v in CharacterShare("aeiou")(QUERIES, r.responses)] for r in responses]
+    raw = [[12 * v - 3 for v in CharacterShare("aeiou")(r.responses)] for r in responses]
     s1, s2 = sigmoid(np.array(raw[0])), sigmoid(np.array(raw[1]))
     assert len(learned) == 2
     for scores in learned:

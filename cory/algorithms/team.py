@@ -170,6 +170,7 @@ class Team:
             layout,
             self.credit.name,
             per_role=bool(estimator.get("per_role", False)),
+            sees=self.episode.sees if self.episode.knowledge_transfer else None,
         )
         identity: dict = {}
         if roles > 1 and (schedule != "role_swap" or layout != "separate"):

@@ -1,9 +1,9 @@
 """A synthetic task a tiny random model learns on a CPU in seconds (tests, `experiment=smoke`).
 
-Queries are short random strings; the reward is a part (`task.reward`, called as the task's `score` is: queries and
-responses in, one score per response out), by default `CharacterShare`: the fraction of response characters found
-in a set, whatever the query. It is not a paper task: it exists to
-show that reward rises and to exercise every code path without downloads. A test or another project that needs
+Queries are short random strings; the reward is a part (`task.reward`, texts in, one float per text out, as every
+task's reward), by default `CharacterShare`: the fraction of a text's characters found in a set, read on the
+response alone (`scored: response`; `query_response` scores q + a, as IMDB does). It is not a paper task: it exists
+to show that reward rises and to exercise every code path without downloads. A test or another project that needs
 another reward gives another part (`task.reward._target_=...`), never a subclass of the task.
 """
 
@@ -16,18 +16,18 @@ from transformers import PreTrainedTokenizerBase
 
 
 class CharacterShare:
-    """The share of each response's characters that are in `characters` (0 for an empty response); the queries are
-    not read."""
+    """The share of each text's characters that are in `characters` (0 for an empty text)."""
 
     def __init__(self, characters: str) -> None:
         self.characters = characters
 
-    def __call__(self, queries: list[str], responses: list[str]) -> list[float]:
-        return [sum(c in self.characters for c in r) / max(len(r), 1) for r in responses]
+    def __call__(self, texts: list[str]) -> list[float]:
+        return [sum(c in self.characters for c in t) / max(len(t), 1) for t in texts]
 
 
 class ToyTask:
-    """Reward = `reward(queries, responses)`, a part; the observer sees the pioneer's answer.
+    """Reward = `reward(texts)` on each response (or query + response, `scored`); the observer sees the pioneer's
+    answer.
 
     No argument has a default: `cory/conf/task/toy.yaml` is the only place their values are written. `tokenizer` is
     accepted (Hydra passes the policy tokenizer to every task) and unused: queries are plain characters.
@@ -40,11 +40,13 @@ class ToyTask:
         "query_chars": "[1, inf)",
         "eval_kl_coef": "[0, inf)",
     }
+    SCORED = ("response", "query_response")  # values of `task.scored`, checked by `cory.config.validate`
 
     def __init__(
         self,
         tokenizer: PreTrainedTokenizerBase | None,
-        reward: Callable[[list[str], list[str]], list[float]],
+        reward: Callable[[list[str]], list[float]],
+        scored: str,
         num_train: int,
         num_eval: int,
         query_chars: tuple[int, int],
@@ -57,6 +59,9 @@ class ToyTask:
         name: str,
     ) -> None:
         self.name, self.reward, self.observer_template = name, reward, observer_template
+        if scored not in self.SCORED:
+            raise ValueError(f"task.scored must be one of {self.SCORED}, got {scored!r}")
+        self.scored = scored
         self.eval_kl_coef, self.failure_reward = eval_kl_coef, failure_reward
         self.max_new_tokens = (int(max_new_tokens[0]), int(max_new_tokens[1]))
         self.generation_kwargs = dict(generation_kwargs)
@@ -79,4 +84,6 @@ class ToyTask:
         return self.observer_template.format(query=query, response=pioneer_response)
 
     def score(self, queries: list[str], responses: list[str]) -> list[float]:
-        return [float(score) for score in self.reward(queries, responses)]
+        keep_query = self.scored == "query_response"
+        texts = [(q if keep_query else "") + a for q, a in zip(queries, responses, strict=True)]
+        return [float(score) for score in self.reward(texts)]

@@ -20,18 +20,19 @@ MAX_NEW = 3
 SMOKE_CORY = ("experiment=smoke", "algorithm=cory")
 
 
-def make_cory(overrides: tuple[str, ...] = (), reward=None, learner=None, **parts) -> Team:
+def make_cory(overrides: tuple[str, ...] = (), reward=None, scored="response", learner=None, **parts) -> Team:
     """A CORY (or any team: `algorithm=<name>` and `algorithm/<part>=<option>` in `overrides`) on the smoke model:
     real agents, unless `learner` builds stubs; the toy task scored by `reward` (texts → scores; default the toy
-    config's); `parts` replace built parts (`credit=...`); every iteration trains on `QUERIES` with `MAX_NEW` new
-    tokens."""
+    config's) on the text `scored` names; `parts` replace built parts (`credit=...`); every iteration trains on
+    `QUERIES` with `MAX_NEW` new tokens."""
     given = {o.split("=", 1)[0] for o in overrides}
     defaults = [o for o in (*SMOKE_CORY, "batch_size=8") if o.split("=", 1)[0] not in given]
     cfg = compose_cfg([*defaults, *overrides])
     context = build_context(cfg, Path(tempfile.gettempdir()))
     tokenizer = context.load_model()[1]
     reward = reward or instantiate(cfg.task.reward)
-    task = ToyTask(tokenizer, reward=reward, **task_kwargs("toy", SMOKE_CORY, num_train=8, num_eval=4))
+    fields = dict(num_train=8, num_eval=4, scored=scored)
+    task = ToyTask(tokenizer, reward=reward, **task_kwargs("toy", SMOKE_CORY, **fields))
     context = dataclasses.replace(context, task=lambda: task)
     built = instantiate(cfg.algorithm, _convert_="all")  # the partial Team with every part built
     kwargs = dict(built.keywords) | {"log_samples": len(QUERIES)} | parts

@@ -13,8 +13,8 @@ class NanOnOneProcess:
         self.share = CharacterShare(characters)
         self.nan_rank, self.nan_call, self.calls = int(nan_rank), int(nan_call), 0
 
-    def __call__(self, queries: list[str], responses: list[str]) -> list[float]:
-        scores = self.share(queries, responses)
+    def __call__(self, texts: list[str]) -> list[float]:
+        scores = self.share(texts)
         if distributed.rank() != self.nan_rank:
             return scores
         self.calls += 1

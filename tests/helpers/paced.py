@@ -23,7 +23,7 @@ class PacedReward:
         self.barrier, self.jobs, self.pause, self.timeout = Path(barrier_dir), int(jobs), float(pause), timeout
         self._waited = False
 
-    def __call__(self, queries: list[str], responses: list[str]) -> list[float]:
+    def __call__(self, texts: list[str]) -> list[float]:
         if not self._waited:
             self.barrier.mkdir(parents=True, exist_ok=True)
             (self.barrier / str(os.getpid())).touch()
@@ -32,4 +32,4 @@ class PacedReward:
                 time.sleep(0.05)
             self._waited = True
         time.sleep(self.pause)
-        return self.share(queries, responses)
+        return self.share(texts)
