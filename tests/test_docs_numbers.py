@@ -290,3 +290,11 @@ def test_the_combined_reward_falls_in_every_setting_tried_and_the_optimum_is_the
         assert printed in results, name
     default = json.loads((OUT / "quickstart" / "kl_optimum.json").read_text())
     assert f"Answers to one prompt differ by {default['within_prompt_sd']:.2f} in reward" in results
+
+
+def test_the_claim2_probe_without_the_repetition_penalty_is_its_committed_summary() -> None:
+    """results.md's pre-registration log: the probe's start, end and KL from its summary."""
+    run = json.loads((OUT / "claim2" / "probes" / "ppo_lr3e-5_norepeat_seed100" / "summary.json").read_text())
+    start, end = run["initial"]["llm1"]["task_reward"], run["agents"]["llm1"]
+    assert run["seed"] == 100 and run["iterations"] == 10
+    assert f"went {start:.3f} → {end['task_reward']:.3f} (KL {end['kl']:.2f})" in page("docs/results.md")
