@@ -4,7 +4,7 @@
 # overrides.yaml) are copied to $OUT/.../results/ and committed as they appear (COMMIT=0: copied, not committed).
 #   bash scripts/reproduce_claim2.sh pilot    # first: the learning-rate pilot (sweep=imdb_claim2_pilot), its choice
 #   bash scripts/reproduce_claim2.sh          # the study: sweep=imdb_claim2, seeds 0–7 × four arms, 100 iterations
-#   bash scripts/reproduce_claim2.sh extend   # then: each run unsaturated at 100 iterations continues to 200
+#   bash scripts/reproduce_claim2.sh extend   # then: each run missing a deciding level at 100 continues to 200
 #   bash scripts/reproduce_claim2.sh report   # the statistics, verdicts and figure into $OUT
 # Run any of them again after a stop: finished runs are skipped, stopped ones resume from their last checkpoint.
 # Extra arguments are overrides for every run (`bash scripts/reproduce_claim2.sh study iterations=2 seed=0` to try).
@@ -50,10 +50,10 @@ case "$what" in
   study)
     sweep "$OUT/runs" "$OUT/results" sweep=imdb_claim2 "$@"
     ;;
-  extend)  # the rule's one extension: resume each unsaturated run to 200 iterations, then keep its files
+  extend)  # the rule's one extension: resume each run missing a deciding level to 200 iterations, keep its files
     # an assignment, so that a failing listing stops the script (set -e) instead of extending nothing
-    unsaturated=$($PY -m cory.studies.claim2_report unsaturated "$OUT/results")
-    for run in $unsaturated; do
+    unreached=$($PY -m cory.studies.claim2_report unreached "$OUT/results")
+    for run in $unreached; do
       folder="$OUT/runs/$run"
       [ -f "$folder/run_config.yaml" ] || { echo "error: $folder is gone; run the study on this machine first"; exit 2; }
       link="$OUT/runs/.extend"  # resume= takes a path without '=': a link to the folder (cory-sweep's way)

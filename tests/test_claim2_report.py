@@ -1,14 +1,16 @@
 """The second IMDB claim study's pre-registered analysis (`cory-report claim2`, `cory/studies/claim2_report.py`) on
 hand-made curves with hand-computed values: the first-crossing interpolation behind reward at matched KL and KL at
-saturated reward, the saturation gate, the t intervals (a geometric one for KL ratios, `cory.studies.stats`), the seed
-count, the verdict rules and the reading across comparisons, the learning-rate pilot's rule, the KL coefficients and
-the cost; the command on hand-made run folders, a missing input one `error:` line; that the numbers docs/results.md
-states for the sizing are what `plan` computes from the committed files of the first study; and the study's driver."""
+matched reward, the gate (the matched-reward level enough seeds reach, amendment 1), the t intervals (a geometric one
+for KL ratios, `cory.studies.stats`), the seed count, the verdict rules and the reading across comparisons, the
+learning-rate pilot's rule, the KL coefficients and the cost; the command on hand-made run folders, a missing input
+one `error:` line; that the numbers docs/results.md states for the sizing are what `plan` computes from the committed
+files of the first study; and the study's driver."""
 
 from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -37,15 +39,14 @@ def test_first_crossing_interpolates_at_the_first_pass_only() -> None:
     assert claim2.first_crossing([0.0, 2.5, 1.5, 3.0], [0.0, 1.0, 0.2, 0.4], 2.0) == pytest.approx(0.8)
 
 
-def test_reward_at_kl_kl_at_reward_and_the_gate() -> None:
+def test_reward_at_kl_kl_at_reward_and_reaching_a_level() -> None:
     c = pts((0.55, 0.0), (0.70, 1.0), (0.85, 3.0), (0.92, 4.0), (0.95, 5.0), (0.91, 6.0))
     assert claim2.reward_at_kl(c, 2.0) == pytest.approx(0.775)  # 0.70 + ½·0.15
     assert claim2.reward_at_kl(c, 4.0) == pytest.approx(0.92)
     assert claim2.kl_at_reward(c, 0.9) == pytest.approx(3.0 + 5 / 7)  # 0.85 → 0.92 over 3 → 4 nats
-    assert claim2.SATURATED == pytest.approx(0.9) and claim2.LAST == 3
-    assert claim2.saturated(c)  # 0.92, 0.95, 0.91
-    assert not claim2.saturated(c[:-1] + [{"iteration": 50, "reward": 0.89, "kl": 6.0}])
-    assert not claim2.saturated(c[:2])
+    assert claim2.REWARD_LEVELS == (0.60, 0.58, 0.56)  # amendment 1, highest first
+    assert claim2.reaches(c, reward=0.95) and not claim2.reaches(c, reward=0.96)
+    assert claim2.reaches(c, kl=6.0) and not claim2.reaches(c[:3], kl=4.0)
 
 
 def test_t_intervals_and_the_geometric_one() -> None:
@@ -101,26 +102,27 @@ def _write(results: Path, arm: str, seed: int, curve: list[dict], llm2: list[dic
 
 
 def test_a_comparison_on_hand_made_seeds(tmp_path: Path) -> None:
-    """8 seeds; PPO reaches 0.9 at 4 nats, CORY at 2 + 0.1·s nats (ratios 0.5 … 0.675); at KL 2 PPO's reward is
-    0.725 and CORY's 0.55 + 0.35·2/(2 + 0.1·s); seed 7's PPO run falls back and is not saturated; CORY's KL reaches
-    4 nats only in seeds 5–7."""
-    ppo = pts((0.55, 0.0), (0.725, 2.0), (0.9, 4.0), (0.93, 5.0), (0.94, 6.0))
+    """8 seeds; PPO reaches 0.60 at 4 nats, CORY at 2 + 0.1·s nats (ratios 0.5 … 0.675); at KL 2 PPO's reward is
+    0.56 and CORY's 0.52 + 0.08·2/(2 + 0.1·s); seed 7's PPO run falls back before 0.60, so that level has 7 seeds
+    (≥ 6: it is the matched level); CORY's KL reaches 4 nats only in seeds 5–7."""
+    ppo = pts((0.52, 0.0), (0.56, 2.0), (0.60, 4.0), (0.61, 5.0), (0.62, 6.0))
     for seed in range(8):
-        cory_kl = 2.0 + 0.1 * seed
-        cory = pts((0.55, 0.0), (0.9, cory_kl), (0.95, cory_kl + 0.5), (0.95, cory_kl + 1), (0.96, cory_kl + 1.5))
-        _write(tmp_path, "cory", seed, cory)
-        _write(tmp_path, "ppo", seed, ppo if seed < 7 else ppo[:-1] + [{"iteration": 40, "reward": 0.8, "kl": 6.0}])
+        k = 2.0 + 0.1 * seed
+        _write(tmp_path, "cory", seed, pts((0.52, 0.0), (0.60, k), (0.62, k + 0.5), (0.62, k + 1), (0.63, k + 1.5)))
+        _write(tmp_path, "ppo", seed, ppo if seed < 7 else ppo[:2] + pts((0.59, 4.0), (0.58, 5.0), (0.57, 6.0))[:3])
     runs = claim2.load_runs(tmp_path)
     c = claim2.compare(runs, "cory", "ppo")
-    assert c["n"] == 8 and c["saturated_seeds"] == 7 and c["gate"]
+    assert c["n"] == 8 and c["reward_level"] == 0.60 and c["gate"]
     seed0 = c["seeds"][0]
-    assert seed0["kl_at_saturated"] == pytest.approx({"cory": 2.0, "ppo": 4.0}) and seed0["kl_ratio"] == 0.5
-    # CORY at KL 2 for seed s: on the leg (0, 0.55) → (2 + 0.1 s, 0.9)
+    assert seed0["kl_at_reward"]["0.6"] == pytest.approx({"cory": 2.0, "ppo": 4.0}) and seed0["kl_ratio"]["0.6"] == 0.5
+    assert math.isnan(c["seeds"][7]["kl_ratio"]["0.6"]) and c["seeds"][7]["kl_ratio"]["0.58"] > 0  # PPO: 0.56 → 0.59
+    # CORY at KL 2 for seed s: on the leg (0, 0.52) → (2 + 0.1 s, 0.60)
     for s in c["seeds"]:
-        expected = 0.55 + 2.0 / (2.0 + 0.1 * s["seed"]) * 0.35
-        assert s["reward_at_kl"]["2.0"]["diff"] == pytest.approx(expected - 0.725)
-    ratios = [(2.0 + 0.1 * s) / 4.0 for s in range(7)]  # the saturated seeds only
+        expected = 0.52 + 2.0 / (2.0 + 0.1 * s["seed"]) * 0.08
+        assert s["reward_at_kl"]["2.0"]["diff"] == pytest.approx(expected - 0.56)
+    ratios = [(2.0 + 0.1 * s) / 4.0 for s in range(7)]  # the seeds whose runs both reach 0.60
     gm, low, high = ratio_interval(ratios)
+    assert c["kl_ratio"]["level"] == 0.60
     assert c["kl_ratio"]["n"] == 7 and c["kl_ratio"]["geometric_mean"] == pytest.approx(gm)
     assert c["kl_ratio"]["ci95"] == pytest.approx([low, high])
     assert low > 0.5 and c["kl_ratio"]["verdict"] == "does not hold"
@@ -128,14 +130,31 @@ def test_a_comparison_on_hand_made_seeds(tmp_path: Path) -> None:
     assert c["reward_at_kl"]["4.0"]["n"] == 3 and c["reward_at_kl"]["4.0"]["verdict"] == "undecided"  # < 6 seeds
 
 
+def test_the_matched_level_steps_down_to_what_enough_seeds_reach(tmp_path: Path) -> None:
+    """Five seeds reach 0.60 (too few), seven 0.58: the ratio is read at 0.58 over those seven seeds only."""
+    for seed in range(8):
+        top = 0.61 if seed < 5 else 0.585 if seed < 7 else 0.57
+        _write(tmp_path, "cory", seed, pts((0.52, 0.0), (0.56, 0.5), (top, 1.0)))
+        _write(tmp_path, "ppo", seed, pts((0.52, 0.0), (0.56, 1.0), (0.62, 4.0)))
+    c = claim2.compare(claim2.load_runs(tmp_path), "cory", "ppo")
+    assert c["reward_level"] == 0.58 and c["kl_ratio"]["level"] == 0.58 and c["kl_ratio"]["n"] == 7
+    # at 0.58: CORY 0.5 + (0.02/0.05)·0.5 = 0.7 nats in seeds 0–4, 0.5 + (0.02/0.025)·0.5 = 0.9 in seeds 5–6; PPO
+    # 1 + (0.02/0.06)·3 = 2.0: ratios 0.35 and 0.45, geometric mean exp((5 ln 0.35 + 2 ln 0.45)/7) = 0.3761
+    gm, low, high = ratio_interval([0.35] * 5 + [0.45] * 2)
+    assert c["kl_ratio"]["geometric_mean"] == pytest.approx(gm) and gm == pytest.approx(0.3761, abs=1e-4)
+    assert c["kl_ratio"]["ci95"] == pytest.approx([low, high]) and high < claim2.KL_RATIO
+    assert c["kl_ratio"]["verdict"] == "holds"
+
+
 def test_an_ungated_comparison_is_undecided_whatever_its_numbers(tmp_path: Path) -> None:
-    ppo = pts((0.55, 0.0), (0.9, 4.0), (0.8, 5.0), (0.8, 6.0), (0.8, 7.0))  # reaches 0.9, then falls back
-    cory = pts((0.55, 0.0), (0.9, 1.0), (0.95, 1.2), (0.95, 1.3), (0.95, 1.4))
+    ppo = pts((0.52, 0.0), (0.55, 4.0), (0.54, 5.0), (0.53, 6.0), (0.53, 7.0))  # never reaches the lowest level
+    cory = pts((0.52, 0.0), (0.65, 1.0), (0.66, 1.2), (0.67, 1.3), (0.67, 1.4))
     for seed in range(8):
         _write(tmp_path, "cory", seed, cory)
         _write(tmp_path, "ppo", seed, ppo)
     c = claim2.compare(claim2.load_runs(tmp_path), "cory", "ppo")
-    assert c["saturated_seeds"] == 0 and not c["gate"] and c["kl_ratio"]["verdict"] == "undecided"
+    assert c["reward_level"] is None and not c["gate"]
+    assert c["kl_ratio"]["level"] == 0.56 and c["kl_ratio"]["n"] == 0 and c["kl_ratio"]["verdict"] == "undecided"
 
 
 def _comparison(ratio_ci: tuple[float, float], ratio_verdict: str, reward_verdict: str, gate: bool = True) -> dict:
@@ -245,43 +264,50 @@ def test_run_cost_and_projection_by_hand(tmp_path: Path) -> None:
     assert p["total_h"] == pytest.approx(2 * (3 * 2.1 + 4.2))
 
 
-def test_unsaturated_lists_the_runs_the_rule_continues(tmp_path: Path) -> None:
-    _write(tmp_path, "ppo", 0, pts((0.5, 0), (0.91, 1), (0.92, 2), (0.93, 3)))  # saturated
-    _write(tmp_path, "cory", 0, pts((0.5, 0), (0.8, 1), (0.85, 2), (0.88, 3)))  # not
-    long = [{"iteration": 200, "reward": 0.8, "kl": 9.0}]
-    _write(tmp_path, "released", 0, pts((0.5, 0), (0.8, 1), (0.85, 2)) + long)  # not, but already at 200
-    assert claim2.unsaturated(tmp_path) == ["experiment=imdb_claim2_cory/seed=0"]
+def test_unreached_lists_the_runs_the_rule_continues(tmp_path: Path) -> None:
+    _write(tmp_path, "ppo", 0, pts((0.52, 0), (0.55, 1), (0.57, 2), (0.56, 3)))  # reaches 0.56 and 2 nats
+    _write(tmp_path, "cory", 0, pts((0.52, 0), (0.54, 1), (0.55, 2), (0.55, 3)))  # not 0.56
+    _write(tmp_path, "cory", 1, pts((0.52, 0), (0.58, 0.5), (0.60, 1.0), (0.61, 1.9)))  # not 2 nats
+    long = [{"iteration": 200, "reward": 0.55, "kl": 9.0}]
+    _write(tmp_path, "released", 0, pts((0.52, 0), (0.53, 1), (0.54, 2)) + long)  # not 0.56, but already at 200
+    assert claim2.unreached(tmp_path) == ["experiment=imdb_claim2_cory/seed=0", "experiment=imdb_claim2_cory/seed=1"]
 
 
 def test_report_command_writes_its_files_and_refuses_an_empty_folder(tmp_path: Path, capsys) -> None:
     (tmp_path / "empty").mkdir()
     assert claim2.main(["report", str(tmp_path / "empty"), "--out", str(tmp_path / "out")]) == 2
     assert capsys.readouterr().err.startswith("error: no run results under")
-    c = pts((0.5, 0), (0.91, 1), (0.92, 2), (0.93, 3))
+    c = pts((0.5, 0), (0.61, 1), (0.62, 2), (0.63, 3))
     for arm in claim2.ARMS:
         _write(tmp_path / "results", arm, 0, c, llm2=c)
     assert claim2.main(["report", str(tmp_path / "results"), "--out", str(tmp_path / "out")]) == 0
     written = json.loads((tmp_path / "out" / "claim2.json").read_text())
     assert written["comparisons"]["main"]["n"] == 1 and written["readings"]["paper_claim"] == "undecided"
     assert (tmp_path / "out" / "claim2.png").stat().st_size > 0
-    assert "(b) KL ratio at reward 0.9" in (tmp_path / "out" / "claim2.md").read_text()
+    md = (tmp_path / "out" / "claim2.md").read_text()
+    assert "(b) KL ratio at reward 0.56" in md and "no reward level reached by enough seeds" in md  # one seed < 6
 
 
 def test_cory_report_claim2_runs_each_mode_and_a_missing_input_is_one_line(tmp_path: Path, capsys) -> None:
-    """`cory-report claim2` as the installed command dispatches it: `report` and `unsaturated` on hand-made runs;
+    """`cory-report claim2` as the installed command dispatches it: `report` and `unreached` on hand-made runs;
     a missing results folder, a mistyped mode and a run without held-out evaluations are one `error:` line, exit 2,
     nothing written."""
     results, out = tmp_path / "results", tmp_path / "out"
-    saturated = pts((0.5, 0), (0.91, 1), (0.92, 2), (0.93, 3))
+    reached = pts((0.5, 0), (0.61, 1), (0.62, 2), (0.63, 3))
     for arm in claim2.ARMS:
-        _write(results, arm, 0, saturated, llm2=saturated if arm in ("cory", "released") else None)
+        _write(results, arm, 0, reached, llm2=reached if arm in ("cory", "released") else None)
     assert report.main(["claim2", "report", str(results), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     written = json.loads((out / "claim2.json").read_text())
     assert (out / "claim2.md").read_text() in printed and written["llm2"]["main_llm2"]["n"] == 1
     assert written["llm2"]["priced_llm2"]["n"] == 1  # released CORY's llm2 against the priced PPO's llm1
-    assert report.main(["claim2", "unsaturated", str(results)]) == 0
-    assert capsys.readouterr().out.strip() == ""  # every run saturated: the rule continues none
+    assert report.main(["claim2", "unreached", str(results)]) == 0
+    assert capsys.readouterr().out.strip() == ""  # every run reached 0.56 and 2 nats: the rule continues none
+    _write(results, "cory", 1, pts((0.5, 0), (0.52, 1), (0.55, 2)))
+    for mode in ("unreached", "unsaturated"):  # the second: the name the pre-registration's text prints
+        assert report.main(["claim2", mode, str(results)]) == 0
+        assert capsys.readouterr().out.split() == ["experiment=imdb_claim2_cory/seed=1"]
+    shutil.rmtree(results / "experiment=imdb_claim2_cory" / "seed=1")
 
     for argv, expect in (
         (["claim2", "report", str(tmp_path / "none"), "--out", str(tmp_path / "out2")], "no such folder"),
@@ -364,7 +390,7 @@ def test_the_driver_reports_refuses_unknown_steps_and_will_not_extend_a_lost_run
     out = _driver(repo, "report")
     assert out.returncode == 0, out.stderr
     assert (repo / "outputs" / "claim2" / "claim2.md").is_file() and "### main" in out.stdout
-    _write(results, "cory", 1, pts((0.5, 0), (0.7, 1), (0.8, 2)))  # unsaturated at 100: the rule extends it …
+    _write(results, "cory", 1, pts((0.5, 0), (0.52, 1), (0.55, 2)))  # not at 0.56 by 100: the rule extends it …
     out = _driver(repo, "extend")  # … but its run folder (with the checkpoint) is not on this machine
     assert out.returncode == 2
     assert (

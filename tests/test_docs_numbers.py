@@ -298,3 +298,37 @@ def test_the_claim2_probe_without_the_repetition_penalty_is_its_committed_summar
     start, end = run["initial"]["llm1"]["task_reward"], run["agents"]["llm1"]
     assert run["seed"] == 100 and run["iterations"] == 10
     assert f"went {start:.3f} → {end['task_reward']:.3f} (KL {end['kl']:.2f})" in page("docs/results.md")
+
+
+def test_the_claim2_probe_of_a_response_only_reward_is_its_committed_summary() -> None:
+    """results.md's pre-registration log: the second probe's start, its iteration-10 evaluation, end and KL."""
+    folder = OUT / "claim2" / "probes" / "ppo_lr3e-5_response_seed100"
+    run = json.loads((folder / "summary.json").read_text())
+    start, end = run["initial"]["llm1"]["task_reward"], run["agents"]["llm1"]
+    assert run["seed"] == 100 and run["iterations"] == 20
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    mid = next(r for r in rows if r.get("iteration") == 10 and "eval/llm1/task_reward" in r)
+    text = page("docs/results.md")
+    assert f"went {start:.3f} → {end['task_reward']:.3f} (KL {end['kl']:.2f}) in 20 iterations" in text
+    assert f"with {mid['eval/llm1/task_reward']:.3f} (KL {mid['eval/llm1/kl']:.2f}) at iteration 10" in text
+
+
+def test_the_claim2_pilot_numbers_in_the_log_are_the_committed_runs() -> None:
+    """results.md's pre-registration log: PPO's pilot runs, start → end with their KL, and each one's peak that
+    amendment 1 gives as its reason."""
+    text = page("docs/results.md")
+    pilot = OUT / "claim2" / "pilot" / "results"
+    peaks = {}
+    for rate in ("1e-05", "3e-05", "0.0001"):
+        run = pilot / f"algorithm.agent.learning_rate={rate},experiment=imdb_claim2_ppo" / "seed=100"
+        rows = run / "metrics.jsonl"
+        evals = [json.loads(line) for line in rows.read_text().splitlines()]
+        evals = [r for r in evals if "eval/llm1/task_reward" in r]
+        first, last = evals[0]["eval/llm1/task_reward"], evals[-1]
+        label = f"{float(rate):.0e}".replace("e-0", "e-")
+        head, kl = f"{label} {first:.3f} → {last['eval/llm1/task_reward']:.3f} (", f"{last['eval/llm1/kl']:.2f}"
+        assert f"{head}{kl}" in text or f"{head}KL {kl}" in text, head  # the first one names the unit
+        peaks[label] = max(evals, key=lambda r: r["eval/llm1/task_reward"])
+    p = {k: f"{r['eval/llm1/task_reward']:.3f}" for k, r in peaks.items()}
+    assert f"peaked at {p['1e-5']} (1e-5), {p['3e-5']} (3e-5)" in text
+    assert f"and {p['1e-4']} (1e-4, at {peaks['1e-4']['eval/llm1/kl']:.1f} nats" in text

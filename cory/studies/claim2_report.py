@@ -4,24 +4,25 @@
     cory-report claim2 report outputs/claim2/results --out outputs/claim2
     cory-report claim2 plan outputs/claim/results --spread outputs/claim/reward_spread.json \\
         --bounded-spread outputs/claim2/reward_spread_probability.json
-    cory-report claim2 unsaturated outputs/claim2/results     # the runs the rule extends to 200
+    cory-report claim2 unreached outputs/claim2/results       # the runs the rule extends to 200
     cory-report claim2 pilot outputs/claim2/pilot/results     # the learning rate the pilot's rule picks
 
 `report` reads each run's `metrics.jsonl` under `RESULTS/experiment=<arm>/seed=<n>/` (what `cory-sweep
 --results` copies), pairs the arms of a seed (`COMPARISONS`) and writes `claim2.json`, `claim2.md` and `claim2.png`
-(held-out reward against held-out KL, one line per run and seed, the matched-KL levels and the saturated reward
-level marked). `plan` recomputes, from the first study's committed files, the seed count, the two KL coefficients
-and the CPU cost the pre-registration states. `unsaturated` lists the finished runs that the rule continues; `pilot`
+(held-out reward against held-out KL, one line per run and seed, the matched-KL and matched-reward levels
+marked). `plan` recomputes, from the first study's committed files, the seed count, the two KL coefficients
+and the CPU cost the pre-registration states. `unreached` lists the finished runs that the rule continues; `pilot`
 applies the learning-rate rule to the pilot's runs (`sweep=imdb_claim2_pilot`).
 
 Every statistic is a pure function of the held-out curves (`curve`): the rewards are the bounded task reward
 (`task.reward.bound=probability`, in [0, 1], ceiling 1) of agent llm1 (CORY's llm2 is reported beside it).
 (a) reward at matched KL: each run's held-out reward where its held-out KL first reaches a level, linear between
     evaluations (`reward_at_kl`); per seed the paired difference CORY − PPO at `PRIMARY_KL`.
-(b) KL at saturated reward: where the held-out reward first reaches `SATURATED` (`kl_at_reward`); per seed the ratio
+(b) KL at matched reward: where the held-out reward first reaches a level (`kl_at_reward`); per seed the ratio
     CORY / PPO, averaged on the log scale (a geometric mean with its t interval).
-The gate: a run is saturated when its last `LAST` held-out rewards are all ≥ `SATURATED` (`saturated`); statistic
-(b) of a comparison is decided only when at least `MIN_SEEDS` seeds have both runs saturated.
+The gate (amendment 1 of the pre-registration, which replaced the saturation gate): statistic (b) of a comparison is
+taken at the highest of `REWARD_LEVELS` that at least `MIN_SEEDS` seeds reach in both runs (`matched_level`), and is
+undecided when none is; statistic (a) at a KL level decides only when at least `MIN_SEEDS` seeds reach it in both.
 The statistics are `cory.studies.stats`'s, the files are read by `cory.studies.results`: a corrupt, partial or
 non-numeric result, a folder without runs, an unfinished pilot or an unwritable `--out` is one line and exit code 2.
 The same command: `python -m cory.studies.claim2_report`.
@@ -42,17 +43,17 @@ from cory.studies.command import StudyError
 from cory.studies.stats import ratio_interval, seeds_needed, spread, t_interval, t_quantile
 
 # ------------------------------------------------------------------------------------- pre-registered constants
-CEILING = 1.0  # the bounded reward's ceiling: P(positive) ≤ 1
-GAP = 0.1  # x: saturated means within GAP of the ceiling
-SATURATED = CEILING - GAP  # s*: the saturated reward level of statistic (b) and of the gate
-LAST = 3  # k: the gate looks at the last LAST held-out evaluations (every 10 iterations)
+# amendment 1 (docs/results.md, dated 2026-12-06, before any study run): the saturation gate (the last 3 held-out
+# rewards ≥ 0.9 = the ceiling 1 − 0.1) was out of reach — PPO's pilot peaked at 0.57 whatever its rate — so statistic
+# (b) is read at the highest of these reward levels that enough seeds reach, highest first
+REWARD_LEVELS = (0.60, 0.58, 0.56)
 KL_LEVELS = (1.0, 2.0, 4.0)  # nats; statistic (a) is reported at each
 PRIMARY_KL = 2.0  # the level statistic (a) decides at
 MARGIN = 0.02  # δ of statistic (a), P(positive) units: "CORY is not better" when the interval lies below +δ
 KL_RATIO = 0.5  # the paper's "KL ≤ ½ PPO's"
 SEEDS = 8
-MIN_SEEDS = 6  # of SEEDS: seeds a statistic needs (defined, and for (b) saturated) before it decides
-FIRST_LENGTH, EXTENDED_LENGTH = 100, 200  # iterations; a run unsaturated at 100 continues to 200
+MIN_SEEDS = 6  # of SEEDS: seeds a statistic needs (both runs reaching its level) before it decides
+FIRST_LENGTH, EXTENDED_LENGTH = 100, 200  # iterations; a run missing a deciding level at 100 continues to 200
 RELEASED_BETA = 0.4  # the released CORY script's β, on its normalised reward
 PAPER_BETA = 0.3  # the paper's β on the raw logit
 
@@ -91,14 +92,24 @@ def reward_at_kl(points: list[dict], level: float) -> float:
     return first_crossing([p["kl"] for p in points], [p["reward"] for p in points], level)
 
 
-def kl_at_reward(points: list[dict], level: float = SATURATED) -> float:
+def kl_at_reward(points: list[dict], level: float) -> float:
     """Statistic (b) of one run: its held-out KL where its held-out reward first reaches `level`."""
     return first_crossing([p["reward"] for p in points], [p["kl"] for p in points], level)
 
 
-def saturated(points: list[dict], level: float = SATURATED, last: int = LAST) -> bool:
-    """The gate for one run: each of its last `last` held-out rewards is at least `level`."""
-    return len(points) >= last and all(p["reward"] >= level for p in points[-last:])
+def reaches(points: list[dict], reward: float | None = None, kl: float | None = None) -> bool:
+    """Whether a run's held-out reward (or KL) ever reaches the level: the statistic at it is defined for this run."""
+    key, level = ("reward", reward) if reward is not None else ("kl", kl)
+    return any(p[key] >= level for p in points)
+
+
+def matched_level(per_seed: list[dict]) -> float | None:
+    """The gate of statistic (b): the highest of REWARD_LEVELS whose KL ratio is defined in at least MIN_SEEDS
+    seeds (both runs reach it), or None. Chosen by reachability alone, before any ratio is read."""
+    for level in REWARD_LEVELS:
+        if sum(not math.isnan(s["kl_ratio"][str(level)]) for s in per_seed) >= MIN_SEEDS:
+            return level
+    return None
 
 
 # --------------------------------------------------------------------------------------------------- verdicts
@@ -111,7 +122,7 @@ def verdict_reward(low: float, high: float) -> str:
 
 
 def verdict_ratio(low: float, high: float) -> str:
-    """Statistic (b), KL ratio CORY / PPO at saturated reward: the paper's "at most half" holds if the interval's
+    """Statistic (b), KL ratio CORY / PPO at matched reward: the paper's "at most half" holds if the interval's
     upper end is ≤ 0.5, does not hold if its lower end is > 0.5, else undecided."""
     if math.isnan(low):
         return "undecided"
@@ -138,19 +149,24 @@ def compare(runs: dict, cory_arm: str, ppo_arm: str, agent: str = "llm1") -> dic
     per_seed = []
     for seed in seeds:
         c, p = runs[(cory_arm, seed)][agent], runs[(ppo_arm, seed)]["llm1"]
-        row = {"seed": seed, "saturated": saturated(c) and saturated(p)}
+        row: dict = {"seed": seed}
         row["reward_at_kl"] = {
             str(level): {"cory": reward_at_kl(c, level), "ppo": reward_at_kl(p, level)} for level in KL_LEVELS
         }
         for item in row["reward_at_kl"].values():
             item["diff"] = item["cory"] - item["ppo"]
-        row["kl_at_saturated"] = {"cory": kl_at_reward(c), "ppo": kl_at_reward(p)}
-        kc, kp = row["kl_at_saturated"]["cory"], row["kl_at_saturated"]["ppo"]
-        row["kl_ratio"] = kc / kp if kp > 0 and kc > 0 else math.nan
+        row["kl_at_reward"] = {
+            str(level): {"cory": kl_at_reward(c, level), "ppo": kl_at_reward(p, level)} for level in REWARD_LEVELS
+        }
+        # a ratio needs both KLs positive: a run that starts at the level (KL 0) has no ratio
+        row["kl_ratio"] = {
+            lv: k["cory"] / k["ppo"] if k["ppo"] > 0 and k["cory"] > 0 else math.nan
+            for lv, k in row["kl_at_reward"].items()
+        }
         per_seed.append(row)
     out = {"cory": cory_arm, "ppo": ppo_arm, "agent": agent, "n": len(per_seed), "seeds": per_seed}
-    out["saturated_seeds"] = sum(s["saturated"] for s in per_seed)
-    out["gate"] = out["saturated_seeds"] >= MIN_SEEDS
+    out["reward_level"] = matched_level(per_seed)
+    out["gate"] = out["reward_level"] is not None
     out["reward_at_kl"] = {}
     for level in KL_LEVELS:
         diffs = [s["reward_at_kl"][str(level)]["diff"] for s in per_seed]
@@ -158,17 +174,19 @@ def compare(runs: dict, cory_arm: str, ppo_arm: str, agent: str = "llm1") -> dic
         mean, low, high = t_interval(diffs)
         decided = verdict_reward(low, high) if len(diffs) >= MIN_SEEDS else "undecided"
         out["reward_at_kl"][str(level)] = {"n": len(diffs), "mean": mean, "ci95": [low, high], "verdict": decided}
-    ratios = [s["kl_ratio"] for s in per_seed if s["saturated"] and not math.isnan(s["kl_ratio"])]
+    level = out["reward_level"] if out["gate"] else REWARD_LEVELS[-1]  # ungated: reported at the lowest, undecided
+    ratios = [s["kl_ratio"][str(level)] for s in per_seed if not math.isnan(s["kl_ratio"][str(level)])]
     mean, low, high = ratio_interval(ratios)
-    decided = verdict_ratio(low, high) if out["gate"] and len(ratios) >= MIN_SEEDS else "undecided"
-    out["kl_ratio"] = {"n": len(ratios), "geometric_mean": mean, "ci95": [low, high], "verdict": decided}
+    decided = verdict_ratio(low, high) if out["gate"] else "undecided"
+    out["kl_ratio"] = {"level": level, "n": len(ratios), "geometric_mean": mean, "ci95": [low, high],
+                       "verdict": decided}  # fmt: skip
     return out
 
 
 def readings(comparisons: dict[str, dict]) -> dict[str, str]:
     """The two answers the pre-registration asks for, from the three comparisons of llm1.
 
-    paper_claim: the main comparison's statistic (b) verdict (CORY's KL at saturated reward at most half PPO's).
+    paper_claim: the main comparison's statistic (b) verdict (CORY's KL at matched reward at most half PPO's).
     normalisation: whether the released code's normalisation explains a KL gap of released CORY against PPO:
       "no gap to explain" if the released comparison's KL ratio interval reaches 1 or above;
       "the normalisation explains it" if there is a gap (upper end < 1), the paper's claim does not hold without
@@ -328,19 +346,18 @@ def _f(v: float, digits: int = 3) -> str:
 def markdown(rep: dict) -> str:
     lines = []
     for name, c in rep["comparisons"].items():
-        lines.append(
-            f"### {name}: `{ARMS[c['cory']]}` (llm1) vs `{ARMS[c['ppo']]}` "
-            f"({c['n']} seeds, {c['saturated_seeds']} saturated; gate {'met' if c['gate'] else 'not met'})\n"
-        )
+        b = c["kl_ratio"]
+        gate = f"matched reward {b['level']:g}" if c["gate"] else "no reward level reached by enough seeds"
+        lines.append(f"### {name}: `{ARMS[c['cory']]}` (llm1) vs `{ARMS[c['ppo']]}` ({c['n']} seeds; {gate})\n")
         levels = " | ".join(f"Δ reward at KL {lv:g}" for lv in KL_LEVELS)
-        lines.append(f"| seed | saturated | {levels} | KL at {SATURATED:g}: CORY | PPO | ratio |")
-        lines.append("|---|---|" + "---|" * len(KL_LEVELS) + "---|---|---|")
+        lines.append(f"| seed | {levels} | KL at reward {b['level']:g}: CORY | PPO | ratio |")
+        lines.append("|---|" + "---|" * len(KL_LEVELS) + "---|---|---|")
         for s in c["seeds"]:
             diffs = " | ".join(_f(s["reward_at_kl"][str(lv)]["diff"]) for lv in KL_LEVELS)
-            k = s["kl_at_saturated"]
+            k = s["kl_at_reward"][str(b["level"])]
             lines.append(
-                f"| {s['seed']} | {'yes' if s['saturated'] else 'no'} | {diffs} | {_f(k['cory'], 2)} | "
-                f"{_f(k['ppo'], 2)} | {_f(s['kl_ratio'], 2)} |"
+                f"| {s['seed']} | {diffs} | {_f(k['cory'], 2)} | {_f(k['ppo'], 2)} | "
+                f"{_f(s['kl_ratio'][str(b['level'])], 2)} |"
             )
         lines.append("")
         lines.append("| statistic | seeds | mean | 95 % interval | verdict |")
@@ -351,21 +368,20 @@ def markdown(rep: dict) -> str:
                 f"| (a) Δ reward at KL {float(lv):g}{primary} | {a['n']} | {_f(a['mean'])} | "
                 f"[{_f(a['ci95'][0])}, {_f(a['ci95'][1])}] | {a['verdict']} |"
             )
-        b = c["kl_ratio"]
         lines.append(
-            f"| (b) KL ratio at reward {SATURATED:g} | {b['n']} | {_f(b['geometric_mean'])} | "
+            f"| (b) KL ratio at reward {b['level']:g} | {b['n']} | {_f(b['geometric_mean'])} | "
             f"[{_f(b['ci95'][0])}, {_f(b['ci95'][1])}] | {b['verdict']} |"
         )
         lines.append("")
     r = rep["readings"]
-    lines.append(f"**Paper's claim (CORY's KL ≤ ½ PPO's at saturated reward):** {r['paper_claim']}.  ")
+    lines.append(f"**Paper's claim, at the matched reward reached (CORY's KL ≤ ½ PPO's):** {r['paper_claim']}.  ")
     lines.append(f"**Does the released code's normalisation explain a KL gap:** {r['normalisation']}.")
     return "\n".join(lines) + "\n"
 
 
 def plot(runs: dict, out: Path) -> None:
     """Held-out reward against held-out KL of llm1, one line per run and seed, coloured by arm; the matched-KL levels
-    dotted, the saturated reward dashed."""
+    dotted, the matched-reward levels dashed."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -383,7 +399,8 @@ def plot(runs: dict, out: Path) -> None:
         ax.plot([p["kl"] for p in c], [p["reward"] for p in c], "o-", ms=3, color=colors[arm], alpha=0.7, label=label)
     for level in KL_LEVELS:
         ax.axvline(level, color="grey", ls=":", lw=1)
-    ax.axhline(SATURATED, color="black", ls="--", lw=1, label=f"saturated reward {SATURATED:g}")
+    for i, level in enumerate(REWARD_LEVELS):
+        ax.axhline(level, color="black", ls="--", lw=0.8, label="matched-reward levels" if i == 0 else None)
     ax.set(xlabel="held-out KL to π0 (nats)", ylabel="held-out task reward, P(positive)",
            title="every seed, one line each; dotted: matched-KL levels")  # fmt: skip
     ax.legend(fontsize=8)
@@ -431,13 +448,15 @@ def plan(old_results: Path, spread_file: Path, bounded_spread: Path | None) -> d
     return out
 
 
-def unsaturated(kept: Path) -> list[str]:
-    """`experiment=<arm>/seed=<n>` of the finished runs whose llm1 fails the gate and that have not yet run to
+def unreached(kept: Path) -> list[str]:
+    """`experiment=<arm>/seed=<n>` of the finished runs whose llm1 has not reached the lowest matched-reward level
+    or the deciding KL level (so would be missing from a deciding statistic) and that have not yet run to
     EXTENDED_LENGTH iterations: the runs the rule continues."""
     todo = []
     for (arm, seed), agents in sorted(load_runs(kept).items()):
         points = agents["llm1"]
-        if not saturated(points) and points[-1]["iteration"] < EXTENDED_LENGTH:
+        missing = not reaches(points, reward=min(REWARD_LEVELS)) or not reaches(points, kl=PRIMARY_KL)
+        if missing and points[-1]["iteration"] < EXTENDED_LENGTH:
             todo.append(f"experiment={ARMS[arm]}/seed={seed}")
     return todo
 
@@ -451,21 +470,24 @@ def _has_runs(kept: Path) -> None:
 MODES = {  # mode → what it does (its `--help` line)
     "report": "statistics, verdicts and the figure from the committed runs",
     "plan": "seeds, KL coefficients and cost from the first study's committed files",
-    "unsaturated": "the finished runs the rule continues to 200 iterations",
+    "unreached": "the finished runs the rule continues to 200 iterations",
     "pilot": "the learning rate the pilot's rule picks",
+    # the pre-registration's text, which is not edited, prints this name
+    "unsaturated": "the same as unreached: its name before amendment 1",
 }
 
 
 def run(argv: Sequence[str] | None = None, prog: str = "cory-report claim2") -> int:
     parser = command.parser(prog, __doc__)
     sub = parser.add_subparsers(dest="mode", required=True)
-    rep, pl, un, pi = (sub.add_parser(name, help=what, description=what) for name, what in MODES.items())
+    rep, pl, un, pi, old = (sub.add_parser(name, help=what, description=what) for name, what in MODES.items())
     rep.add_argument("results", type=Path, help="the folder of copied run results (experiment=*/seed=*/)")
     rep.add_argument("--out", type=Path, required=True, help="where claim2.{json,md,png} go")
     pl.add_argument("old_results", type=Path, help="the first study's copied run results (outputs/claim/results)")
     pl.add_argument("--spread", type=Path, required=True, help="the first study's reward_spread.json (logits)")
     pl.add_argument("--bounded-spread", type=Path, help="the same measured with task.reward.bound=probability")
-    un.add_argument("results", type=Path, help="the study's copied run results")
+    for listing in (un, old):
+        listing.add_argument("results", type=Path, help="the study's copied run results")
     pi.add_argument("results", type=Path, help="the pilot's copied run results (algorithm.agent.learning_rate=...)")
     args = parser.parse_args(argv)
 
@@ -473,8 +495,8 @@ def run(argv: Sequence[str] | None = None, prog: str = "cory-report claim2") -> 
         print(json.dumps(plan(args.old_results, args.spread, args.bounded_spread), indent=2))
         return 0
     _has_runs(args.results)
-    if args.mode == "unsaturated":
-        print("\n".join(unsaturated(args.results)))
+    if args.mode in ("unreached", "unsaturated"):
+        print("\n".join(unreached(args.results)))
         return 0
     if args.mode == "pilot":
         pilot = pilot_curves(args.results)

@@ -15,7 +15,7 @@ from cory.studies import command
 
 COMMANDS = {
     "claim": ("cory.studies.claim_report", "the IMDB claim study: paired per-seed differences, t intervals, verdicts"),
-    "claim2": ("cory.studies.claim2_report", "the second IMDB claim study: its report, plan, unsaturated runs, pilot"),
+    "claim2": ("cory.studies.claim2_report", "the second IMDB claim study: its report, plan, unreached runs, pilot"),
     "family": ("cory.studies.family_report", "the family sweep's table: spreads over seeds, Welch intervals"),
     "paired": ("cory.studies.paired_test", "two MAFT evaluations of the same problems: paired test and McNemar"),
 }
