@@ -318,7 +318,8 @@ def build_trl(base, ref_base, tokenizer, learner: dict, seed: int, value_head_se
     torch.manual_seed(value_head_seed)  # TRL draws the value head from the global RNG
     model = AutoModelForCausalLMWithValueHead.from_pretrained(copy.deepcopy(base))
     ref = trl.create_reference_model(AutoModelForCausalLMWithValueHead.from_pretrained(copy.deepcopy(ref_base)))
-    names = {k: v for k, v in learner.items() if k not in ("ratio_threshold_skip", "generate_in_train_mode")}
+    ours_only = ("ratio_threshold_skip", "generate_in_train_mode", "reuse_rollout_forward")
+    names = {k: v for k, v in learner.items() if k not in ours_only}
     config = TRLPPOConfig(exp_name="check_trl_parity", seed=seed, **{TRL_NAMES.get(k, k): v for k, v in names.items()})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -608,6 +609,7 @@ def run_case(
         early_stopping=early_stopping,
         target_kl=target_kl,
         generate_in_train_mode=False,
+        reuse_rollout_forward=False,  # the rollout here is scored apart from the update, as TRL's
     )
     base, ref_base, tokenizer = build_models(model_seed, peak, ref_noise)
     trainer = build_trl(base, ref_base, tokenizer, learner | {"batch_size": batch_size}, seed, model_seed + 1)
@@ -624,7 +626,8 @@ def run_case(
         "ours": KeyBiasMonitor(agent.trainee.policy, agent.trainee.engine.optimizer, n_embd),
     }
     d0 = param_diffs(trainer.model, agent, n_embd)["all"]
-    settings = {k: v for k, v in learner.items() if k not in ("gamma", "lam", "cliprange", "cliprange_value")}
+    left_out = ("gamma", "lam", "cliprange", "cliprange_value", "reuse_rollout_forward")
+    settings = {k: v for k, v in learner.items() if k not in left_out}
     settings |= dict(batch_size=batch_size, ref_noise=ref_noise, peak=peak, sampled_responses=sampled_responses)
     report: dict = {"name": name, "settings": settings | {"seed": seed}, "initial_param_max_abs_diff": d0, "steps": []}
     failures: list[str] = [] if d0 == 0.0 else [f"initial parameters differ by {d0}"]

@@ -8,7 +8,9 @@ Runs `cory.train.train` in this process for `--warmup + --iterations` iterations
 timers around each phase of the step, and reports the timed iterations' means:
 - `sample`: the decode loop (lean or `generate`), per agent and iteration, with `decode_steps_per_iter` and
   `s_per_decode_step`;
-- `rollout_forward`: the rollout-time forwards (policy + value, reference) without gradients;
+- `rollout_forward`: the rollout-time forwards (policy + value, reference) without gradients; a policy forward the
+  rollout keeps for the update's first minibatch (`algorithm.agent.reuse_rollout_forward`) is the learner's first
+  forward run earlier, and is counted in `learner_forward`;
 - `learner_forward`, `learner_backward`, `optimizer`: the PPO epochs' forward (loss included), backward and
   optimiser steps;
 - `other`: the rest of the iteration (rewards, advantages, bookkeeping, logging).
@@ -140,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     shapes = {"learner": [], "decode_chunks": []}  # per call: the learner forward's and the decode loop's shapes
 
     def count_forward(result, model, prompt_ids, prompt_mask, response_ids, response_mask, with_values):
-        if torch.is_grad_enabled():  # the learner's forward (the rollout's run without gradients)
+        if torch.is_grad_enabled():  # the learner's forward, or the one the rollout keeps for it (no-grad: rollout)
             if "config" not in shapes:
                 inner = getattr(model, "module", model)  # an engine's wrapped module
                 shapes["config"] = getattr(inner, "pretrained_model", inner).config.get_text_config()
@@ -165,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
 
     clock.wrap(backends, "generate_ids", "sample", count_decode)
     clock.wrap(actor, "score_forward", "rollout_forward")
+    clock.wrap(actor, "forward_logits", "learner_forward", count_forward)  # the kept forward (grad enabled)
     clock.wrap(learner, "forward_logits", "learner_forward", count_forward)
     clock.wrap(trainee.Trainee, "backward", "learner_backward")
     clock.wrap(trainee.Trainee, "step", "optimizer")

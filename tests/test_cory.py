@@ -127,7 +127,7 @@ class StubAgent:
         self.actor = self.learner = self
         self.kl_coef = 0.3
 
-    def act(self, prompts, max_new_tokens, generation_kwargs, batch_size):
+    def act(self, prompts, max_new_tokens, generation_kwargs, batch_size, for_update=False):
         n = len(prompts)
         return SimpleNamespace(
             prompts=list(prompts),

@@ -42,7 +42,7 @@ class StubAgent:
         self.name, self.log, self.kl_coef = name, log, 0.3
         self.actor = self.learner = self
 
-    def act(self, prompts, max_new_tokens, generation_kwargs, batch_size):
+    def act(self, prompts, max_new_tokens, generation_kwargs, batch_size, for_update=False):
         self.log.append(("act", self.name, list(prompts)))
         n = len(prompts)
         return SimpleNamespace(
@@ -235,7 +235,7 @@ class CountingActor:
     def __init__(self, name: str) -> None:
         self.name, self.prompts = name, []
 
-    def act(self, prompts, max_new_tokens, generation_kwargs, batch_size):
+    def act(self, prompts, max_new_tokens, generation_kwargs, batch_size, for_update=False):
         self.prompts.append(list(prompts))
         return SimpleNamespace(responses=[f"{self.name}{len(self.prompts)}" for _ in prompts])
 

@@ -177,7 +177,7 @@ class StubAgent:
         self.name, self.learned, self.kl_coef = name, 0, 0.3
         self.actor = self.learner = self
 
-    def act(self, prompts, max_new_tokens, generation_kwargs, batch_size):
+    def act(self, prompts, max_new_tokens, generation_kwargs, batch_size, for_update=False):
         n = len(prompts)
         return SimpleNamespace(
             prompts=list(prompts),

@@ -97,9 +97,11 @@ class Chain:
         queries: list[str],
         max_new_tokens: int,
         batch_size: int,
+        for_update: frozenset[int] = frozenset(),
     ) -> Played:
-        """Every role answers in order (`actors[k]` plays role k), then every answer is scored on the query."""
-        rollouts = self._answer(actors, task, queries, max_new_tokens, batch_size)
+        """Every role answers in order (`actors[k]` plays role k), then every answer is scored on the query. The roles
+        in `for_update` answer a batch that their agent's update takes whole (`Actor.act(for_update=True)`)."""
+        rollouts = self._answer(actors, task, queries, max_new_tokens, batch_size, for_update)
         rewards, failures = [], 0
         for rollout in rollouts:  # r_k = r(q, a_k) on the original query
             r, failed = scorer(queries, rollout.responses)
@@ -138,12 +140,14 @@ class Chain:
             played.replays += 1
         return out
 
-    def _answer(self, actors, task, queries, max_new_tokens, batch_size) -> list[Rollout]:
+    def _answer(self, actors, task, queries, max_new_tokens, batch_size, for_update=frozenset()) -> list[Rollout]:
         rollouts: list[Rollout] = []
-        for actor in actors:
+        for k, actor in enumerate(actors):
             before = [r.responses for r in rollouts]
             prompts = [self.prompt(task, q, [a[i] for a in before]) for i, q in enumerate(queries)]
-            rollouts.append(actor.act(prompts, max_new_tokens, task.generation_kwargs, batch_size))
+            rollouts.append(
+                actor.act(prompts, max_new_tokens, task.generation_kwargs, batch_size, for_update=k in for_update)
+            )
         return rollouts
 
     def longest_prompt(self, task: Task, query: str, max_new_tokens: int) -> tuple[str, int] | None:

@@ -196,7 +196,13 @@ class Team:
             with abandonable() if phase == 0 else contextlib.nullcontext():
                 # 2-3. the roles answer in order, each seeing the one before it; each answer scored on the query
                 played = self.episode.play(
-                    actors, self.task, self.scorer, queries, max_new_tokens, self.team.generation_batch_size
+                    actors,
+                    self.task,
+                    self.scorer,
+                    queries,
+                    max_new_tokens,
+                    self.team.generation_batch_size,
+                    self._whole_batches(players, learners),
                 )
                 # 4. each role's reward from everyone's (Eq. 4; a counterfactual rule replays later roles)
                 rewards = self.credit(played.rewards, played.without)
@@ -219,6 +225,18 @@ class Team:
         if self.schedule.resets_after(k):
             self.team.reset(k + 1)
         return StepOutput(metrics, samples, nonfinite(metrics), headline(metrics, ids))
+
+    def _whole_batches(self, players: list[str], learners) -> frozenset[int]:
+        """The roles whose rollout an update takes whole and unchanged: its agent learns in this phase from that one
+        role (a shared policy's roles are concatenated first), with no joint critic reading the rollouts first."""
+        if self.critic is not None:
+            return frozenset()
+        whole = set()
+        for agent_id in learners:
+            trainable = [r for r, a in enumerate(players) if a == agent_id and self.episode.trainable(r)]
+            if len(trainable) == 1:
+                whole.add(trainable[0])
+        return frozenset(whole)
 
     def _update(self, players, learners, played: Played, rewards, records: dict[str, _Record]) -> None:
         """Steps 5-7 for one phase: every agent in `learners` takes one update on the samples of its trainable

@@ -35,7 +35,7 @@ from cory.ppo.backends import RolloutBackend
 from cory.ppo.core import KL_ESTIMATORS
 from cory.ppo.estimators import AdvantageEstimator, EstimatorInputs
 from cory.ppo.losses import Loss, LossInputs
-from cory.ppo.rollout import Rollout, forward_logits
+from cory.ppo.rollout import LiveForward, Rollout, forward_logits
 from cory.ppo.trainee import Optimization, Trainee
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "algorithm"
@@ -136,6 +136,9 @@ class PPOConfig:
     early_stopping: bool
     target_kl: float
     generate_in_train_mode: bool  # TRL samples with dropout on after the first step (§2.1); evaluation never does
+    # the first minibatch of a batch taken whole reads the rollout's policy forward, kept with its graph, instead of
+    # running it again (the same numbers; docs/cost.md "No repeated forward"); false: always its own forward
+    reuse_rollout_forward: bool
 
     def __post_init__(self) -> None:
         """Ranges and combinations, checked when Hydra builds the node: one line naming the key (`ConfigError`)."""
@@ -201,10 +204,18 @@ class PPOConfig:
             autocast_dtype=autocast_dtype,
             forward_batch_size=forward_batch_size,
         )
+        learner = PPOLearner(self, trainee, advantage, loss)
         actor = Actor(
-            trainee, reference, tokenizer, self.kl_penalty, self.generate_in_train_mode, add_special_tokens, backend
+            trainee,
+            reference,
+            tokenizer,
+            self.kl_penalty,
+            self.generate_in_train_mode,
+            add_special_tokens,
+            backend,
+            planner=learner.planned_order,
         )
-        return Agent(name, trainee, actor, PPOLearner(self, trainee, advantage, loss))
+        return Agent(name, trainee, actor, learner)
 
     @classmethod
     def from_yaml(cls, **overrides: object) -> PPOConfig:
@@ -313,9 +324,29 @@ class PPOLearner:
         """The β the next update uses."""
         return self.kl_ctl.value
 
+    def planned_order(self, n: int) -> np.ndarray | None:
+        """The row order of the first minibatch of the next update on a batch of `n`, where that minibatch is the
+        whole batch and its forward can be the rollout's (`Actor.act(for_update=True)` then keeps it); else None.
+
+        Read from a copy of the trainee's stream, which it does not advance: `update` draws the same order itself and
+        uses the kept forward only if the orders agree, so a draw in between costs the saving, never the numbers.
+        Only where the kept forward is the one `update` would run: one process and unsharded weights (a DDP or
+        sharded forward pairs with its own backward), full fine-tuning (PEFT moves `requires_grad` between the
+        adapters of a shared model), and a batch no wider than the trainee's no-grad micro-batch (the rows the
+        rollout's forward would have batched together)."""
+        cfg, trainee = self.config, self.trainee
+        whole = cfg.mini_batch_size == n and cfg.gradient_accumulation_steps == 1 and n <= trainee.forward_batch_size
+        plain = trainee.processes.count == 1 and not trainee.engine.sharded and trainee.policy.adapter is None
+        if not (cfg.reuse_rollout_forward and whole and plain):
+            return None
+        stream = np.random.RandomState()
+        stream.set_state(trainee.rng.get_state())
+        return stream.permutation(n)
+
     def update(self, batch: Batch) -> Update:
         """One PPO update on `batch` (TRL `PPOTrainer.step`), steps 1-5 below."""
         cfg, rollout, trainee = self.config, batch.rollout, self.trainee
+        live, rollout.live = rollout.live, None  # whatever happens below, the graph is not kept with the rollout
         mask = rollout.response_mask.float()
         batch_size = len(rollout)
         own_values = batch.values is None
@@ -349,12 +380,15 @@ class PPOLearner:
         backward_batch = cfg.mini_batch_size * cfg.gradient_accumulation_steps
         stats: list[dict[str, float]] = []
         early_stop, nonfinite_steps = False, 0
-        for _ in range(cfg.ppo_epochs):
+        for epoch in range(cfg.ppo_epochs):
             order = trainee.permutation(batch_size)
+            # the rollout's forward, kept for this minibatch (`planned_order`): the same rows in the same order
+            kept = live if epoch == 0 and live is not None and np.array_equal(order, live.order) else None
+            live = None
             for b in range(0, batch_size, backward_batch):
                 for m in range(b, b + backward_batch, cfg.mini_batch_size):
                     idx = torch.as_tensor(order[m : m + cfg.mini_batch_size])
-                    stats.append(self._minibatch(rollout, idx, values, advantages, returns, kl_coef))
+                    stats.append(self._minibatch(rollout, idx, values, advantages, returns, kl_coef, kept))
                 nonfinite_steps += not trainee.step()
             # TRL checks early stopping once per epoch, on the epoch's last minibatch (§2.7), with the policy KL
             # averaged over processes, so that every process stops at the same epoch (a process that stopped alone
@@ -399,14 +433,20 @@ class PPOLearner:
         advantages: torch.Tensor,
         returns: torch.Tensor,
         kl_coef: float,
+        kept: LiveForward | None = None,
     ) -> dict[str, float]:
         cfg, trainee = self.config, self.trainee
         device = trainee.device
         mb = rollout.select(idx)
         mask = mb.response_mask.float().to(device)
-        args = (mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask)
-        with trainee.autocast():
-            logits, vpreds = forward_logits(trainee.forward_module(), *(a.to(device) for a in args), with_values=True)
+        if kept is not None:  # the rollout's forward of these rows, in this order, with its graph
+            logits, vpreds = kept.logits, kept.values
+        else:
+            args = (mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask)
+            with trainee.autocast():
+                logits, vpreds = forward_logits(
+                    trainee.forward_module(), *(a.to(device) for a in args), with_values=True
+                )
         log_probs = torch.log_softmax(logits, dim=-1)  # once: the loss's log-probs and the entropy statistic read it
         logprobs = ppo_core.gather(log_probs, mb.response_ids.to(device))
         old_logprobs = mb.logprobs.to(device)

@@ -7,8 +7,9 @@ response token t, and the value at that column is V_t, the value of the state be
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from transformers import PreTrainedTokenizerBase
@@ -18,8 +19,19 @@ from cory.ppo import decode
 
 
 @dataclass
+class LiveForward:
+    """The policy's rollout forward kept with its graph, for the update's first minibatch (docs/method.md §2.2): the
+    rows in `order` (the first epoch's permutation), response-aligned logits [B, T, V] and values [B, T]."""
+
+    order: np.ndarray
+    logits: torch.Tensor
+    values: torch.Tensor
+
+
+@dataclass
 class Rollout:
-    """One batch of (prompt, response) with everything PPO needs, computed once without gradients."""
+    """One batch of (prompt, response) with everything PPO needs, computed once without gradients (or, with `live`,
+    with the policy's forward kept for the update that takes this batch whole)."""
 
     prompts: list[str]
     responses: list[str]  # decoded response text, special tokens stripped
@@ -33,15 +45,20 @@ class Rollout:
     kls: torch.Tensor  # [B, T] per-token KL of the configured estimator (docs/method.md §2.4)
     entropy: torch.Tensor  # [B, T] full-vocabulary entropy of π_old
     hit_max_tokens: torch.Tensor  # [B] bool: the response ran to max_new_tokens without EOS
+    # the policy's forward with its graph, for the learner's first minibatch; only on a whole batch, never selected
+    # or concatenated (the learner takes it off the rollout, so nothing that keeps the rollout keeps the graph)
+    live: LiveForward | None = field(default=None, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.prompts)
 
     def select(self, idx: torch.Tensor | list[int]) -> Rollout:
-        """The sub-batch at `idx` (tensors and lists alike)."""
+        """The sub-batch at `idx` (tensors and lists alike), without `live`."""
         idx = torch.as_tensor(idx, dtype=torch.long)
         out = {}
         for f in fields(self):
+            if f.name == "live":
+                continue
             v = getattr(self, f.name)
             out[f.name] = v[idx] if isinstance(v, torch.Tensor) else [v[i] for i in idx.tolist()]
         return Rollout(**out)
@@ -51,16 +68,18 @@ def concat_rollouts(a: Rollout, b: Rollout, pad_token_id: int) -> Rollout:
     """`a`'s samples then `b`'s as one batch: prompts re-padded on the left and responses on the right to the wider
     of the two (padding is masked and positions come from the masks, so no log-prob or value changes)."""
     out = {}
-    for field in fields(Rollout):
-        x, y = getattr(a, field.name), getattr(b, field.name)
-        if isinstance(x, list) or x.dim() == 1:  # texts, per-sample flags
-            out[field.name] = x + y if isinstance(x, list) else torch.cat([x, y])
+    for f in fields(Rollout):
+        if f.name == "live":
             continue
-        left = field.name.startswith("prompt_")  # [B, P] left-padded; every other [B, T] right-padded
-        value = pad_token_id if field.name.endswith("_ids") else 0
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, list) or x.dim() == 1:  # texts, per-sample flags
+            out[f.name] = x + y if isinstance(x, list) else torch.cat([x, y])
+            continue
+        left = f.name.startswith("prompt_")  # [B, P] left-padded; every other [B, T] right-padded
+        value = pad_token_id if f.name.endswith("_ids") else 0
         width = max(x.shape[1], y.shape[1])
         padded = [F.pad(t, (width - t.shape[1], 0) if left else (0, width - t.shape[1]), value=value) for t in (x, y)]
-        out[field.name] = torch.cat(padded)
+        out[f.name] = torch.cat(padded)
     return Rollout(**out)
 
 
@@ -231,16 +250,21 @@ def score_forward(
     response_mask: torch.Tensor,
     kl_estimator: str,
     batch_size: int,
+    policy_out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Rollout-time log-probs, reference log-probs, values, per-token KL and entropy, all [B, T].
 
-    Runs in micro-batches of `batch_size`; full distributions live only inside one micro-batch.
+    Runs in micro-batches of `batch_size`; full distributions live only inside one micro-batch. `policy_out`: the
+    policy's logits [B, T, V] and values [B, T] already computed (detached, in row order), read instead of its forward.
     """
     parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("logprobs", "ref_logprobs", "values", "kls", "entropy")}
     for s in range(0, len(prompt_ids), batch_size):
         sl = slice(s, s + batch_size)
         args = (prompt_ids[sl], prompt_mask[sl], response_ids[sl], response_mask[sl])
-        logits, values = forward_logits(policy, *args, with_values=True)
+        if policy_out is None:
+            logits, values = forward_logits(policy, *args, with_values=True)
+        else:
+            logits, values = policy_out[0][sl], policy_out[1][sl]
         ref_logits, _ = forward_logits(ref_model, *args, with_values=False)
         tokens = response_ids[sl]
         # each log-softmax once: the log-probs, the full KL and the entropy all read it
