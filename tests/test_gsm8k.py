@@ -170,11 +170,13 @@ def test_the_paper_commands_compose(command):
 
 
 def _readme_commands(prefix: str) -> list[str]:
-    """Every backticked command of the README and the docs pages that starts with `prefix` and mentions GSM8K's
-    experiments."""
+    """Every command of the README and the docs pages, backticked or a line of a code block (its comment cut), that
+    starts with `prefix` and mentions GSM8K's experiments."""
     pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
     text = "\n".join(page.read_text() for page in pages)
-    found = [c for c in re.findall(r"`([^`\n]+)`", text) if c.startswith(prefix) and "gsm8k" in c]
+    spans = re.findall(r"`([^`\n]+)`", text)
+    lines = [line.split(" #")[0].strip() for line in text.splitlines()]
+    found = [c for c in [*spans, *lines] if c.startswith(prefix) and "gsm8k" in c]
     return list(dict.fromkeys(found))
 
 
