@@ -383,7 +383,8 @@ class PPOLearner:
         for epoch in range(cfg.ppo_epochs):
             order = trainee.permutation(batch_size)
             # the rollout's forward, kept for this minibatch (`planned_order`): the same rows in the same order
-            kept = live if epoch == 0 and live is not None and np.array_equal(order, live.order) else None
+            planned = live is not None and cfg.mini_batch_size == batch_size and np.array_equal(order, live.order)
+            kept = live if epoch == 0 and planned else None
             live = None
             for b in range(0, batch_size, backward_batch):
                 for m in range(b, b + backward_batch, cfg.mini_batch_size):
