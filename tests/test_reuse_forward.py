@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 from helpers.cory_setup import QUERIES, make_cory
+from helpers.runners import read_rows, resume_run, start_run
 from test_agent import CFG, SCORES, make_agent, snapshot, token_lists
 
 from cory.ppo.learner import Batch
@@ -133,3 +134,31 @@ def test_a_team_with_and_without_the_kept_forward_trains_identically(algorithm):
         assert all(torch.equal(w_kept[a][k], w_own[a][k]) for k in w_kept[a]), a
     for a in n_kept:  # two iterations: a rollout forward and `epochs` update forwards each, less the kept one
         assert n_own[a] - n_kept[a] == 2 and n_own[a] == 2 * (1 + epochs), (a, n_kept, n_own)
+
+
+def _rows(run_dir) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "memory/"))} for r in read_rows(run_dir)]
+
+
+def test_a_run_that_keeps_the_forward_resumes_exactly_and_logs_what_one_without_it_logs(tmp_path, monkeypatch):
+    """CORY's smoke run with each batch one minibatch (the kept forward on every update): 4 iterations straight,
+    2 then a resume to 4, and 4 with the switch off log the same rows, bit for bit."""
+    from cory.ppo.learner import PPOLearner
+
+    kept, minibatch = [], PPOLearner._minibatch
+
+    def counted(self, *args, **kwargs):
+        kept.append(args[6] is not None)
+        return minibatch(self, *args, **kwargs)
+
+    monkeypatch.setattr(PPOLearner, "_minibatch", counted)
+    whole = ("algorithm=cory", "algorithm.agent.mini_batch_size=16", "eval_every=2", "num_eval=4", "save_every=2")
+    start_run(tmp_path, tmp_path / "straight", *whole, "iterations=4")
+    assert sum(kept) == 4 * 2  # every update of both agents read the rollout's forward in its first epoch
+    start_run(tmp_path, tmp_path / "resumed", *whole, "iterations=2")
+    resume_run(tmp_path / "resumed", "iterations=4")
+    start_run(tmp_path, tmp_path / "off", *whole, "iterations=4", "algorithm.agent.reuse_rollout_forward=false")
+    straight = _rows(tmp_path / "straight")
+    assert any("train/llm2/kl" in r for r in straight) and len(straight) >= 4
+    assert _rows(tmp_path / "resumed") == straight
+    assert _rows(tmp_path / "off") == straight
