@@ -9,7 +9,10 @@ the case's overrides) in this process, one torch thread, and writes every row of
     python scripts/pin_behaviour.py compare /tmp/before.json --rtol 1e-6       # where float rounding may move
     python scripts/pin_behaviour.py compare /tmp/before.json --allow-new-keys  # added metrics listed, not failed
 
-The same machine and thread count on both sides: floats are compared exactly unless `--rtol` says otherwise.
+The same machine and thread count on both sides: floats are compared exactly unless `--rtol` says otherwise. Another
+CPU's matrix kernels round differently (on a Xeon with AMX, 22 of the 23 cases moved by about 1e-7 relative at the
+very commit that recorded them elsewhere), so `record` writes the machine it ran on (`_machine`: the CPU model, its
+vector and matrix extensions, torch's version) and `compare` says in one line when it runs on another.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import argparse
 import json
 import math
 import os
+import platform
 import sys
 import tempfile
 from pathlib import Path
@@ -106,6 +110,27 @@ def run_case(overrides: list[str], folder: Path) -> dict[str, list[dict]]:
     return {"metrics": rows("metrics.jsonl"), "samples": rows("samples.jsonl")}
 
 
+# the CPU extensions that choose the matrix kernels (and so their rounding)
+KERNEL_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
+
+
+def machine() -> dict:
+    """What decides the floats besides the code: the CPU model and kernel-choosing extensions, torch's version."""
+    import torch
+
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+    except OSError:  # not Linux: the model name platform gives
+        pass
+    return {"cpu": model, "extensions": [f for f in KERNEL_FLAGS if f in flags], "torch": torch.__version__}
+
+
 def record(names: list[str]) -> dict:
     out = {}
     for name in names:
@@ -149,10 +174,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.command == "record":
-        args.out.write_text(json.dumps(record(args.case or list(CASES)), indent=1))
+        args.out.write_text(json.dumps({"_machine": machine(), **record(args.case or list(CASES))}, indent=1))
         print(f"[pin] wrote {args.out}")
         return 0
     want = json.loads(args.recorded.read_text())
+    here = machine()
+    if want.get("_machine", here) != here:  # files recorded before this check name no machine
+        print(f"[pin] recorded on {want['_machine']}, compared on {here}: floats may differ in their last digits "
+              "on another machine; record the pins here to compare exactly")  # fmt: skip
     names = args.case or [n for n in want if n in CASES]
     got = record(names)
     failed = 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,3 +42,19 @@ def test_a_case_run_twice_is_identical_and_every_case_composes(tmp_path):
     assert first["metrics"] and first["samples"]
     assert not any(k.startswith(("time/", "memory/")) for row in first["metrics"] for k in row)
     assert pin.differences(first, second, 0.0) == []
+
+
+def test_a_pin_file_names_its_machine_and_compare_says_when_it_runs_on_another(tmp_path, capsys):
+    pin = _pin()
+    out = tmp_path / "pins.json"
+    assert pin.main(["record", "--out", str(out), "--case", "ppo"]) == 0
+    recorded = json.loads(out.read_text())
+    assert recorded["_machine"] == pin.machine() and set(recorded) == {"_machine", "ppo"}
+    capsys.readouterr()
+    assert pin.main(["compare", str(out)]) == 0  # the same machine: no word about it
+    assert "another machine" not in capsys.readouterr().out
+    recorded["_machine"] = {"cpu": "elsewhere", "extensions": [], "torch": "0"}
+    out.write_text(json.dumps(recorded))
+    assert pin.main(["compare", str(out)]) == 0  # the numbers here still match; the line only warns
+    printed = capsys.readouterr().out
+    assert printed.count("another machine") == 1 and "'cpu': 'elsewhere'" in printed
