@@ -332,3 +332,21 @@ def test_the_claim2_pilot_numbers_in_the_log_are_the_committed_runs() -> None:
     p = {k: f"{r['eval/llm1/task_reward']:.3f}" for k, r in peaks.items()}
     assert f"peaked at {p['1e-5']} (1e-5), {p['3e-5']} (3e-5)" in text
     assert f"and {p['1e-4']} (1e-4, at {peaks['1e-4']['eval/llm1/kl']:.1f} nats" in text
+
+
+def test_the_claim2_cory_pilot_numbers_in_the_log_are_the_committed_runs() -> None:
+    """results.md's pre-registration log: CORY's finished pilot runs, llm1's start → end with its KL and llm2's end."""
+    text = page("docs/results.md")
+    pilot = OUT / "claim2" / "pilot" / "results"
+    ends = []
+    for rate, label in (("1e-05", "1e-5"), ("3e-05", "3e-5")):
+        rows = (
+            pilot / f"algorithm.agent.learning_rate={rate},experiment=imdb_claim2_cory" / "seed=100" / "metrics.jsonl"
+        )
+        evals = [r for r in map(json.loads, rows.read_text().splitlines()) if "eval/llm1/task_reward" in r]
+        first, last = evals[0]["eval/llm1/task_reward"], evals[-1]
+        assert last["iteration"] == 40
+        printed = f"CORY {label} {first:.3f} → {last['eval/llm1/task_reward']:.3f} (KL {last['eval/llm1/kl']:.2f})"
+        assert printed in text, printed
+        ends.append(f"{last['eval/llm2/task_reward']:.3f}")
+    assert f"llm2 ended at {ends[0]} and {ends[1]}" in text
