@@ -443,3 +443,7 @@ def test_the_arms_configs_hold_the_coefficients_the_committed_spreads_give() -> 
         assert cfg.algorithm.schedule.get("faithful_official_swap", False) == released
     rates = {compose_cfg([f"experiment={exp}"]).algorithm.agent.learning_rate for exp in claim2.ARMS.values()}
     assert len(rates) == 1  # one learning rate for every arm
+    # the one the pilot's rule gives on its committed runs
+    assert rates == {
+        claim2.choose_learning_rate(claim2.pilot_curves(REPO / "outputs" / "claim2" / "pilot" / "results"))
+    }

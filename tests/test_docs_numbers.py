@@ -350,3 +350,13 @@ def test_the_claim2_cory_pilot_numbers_in_the_log_are_the_committed_runs() -> No
         assert printed in text, printed
         ends.append(f"{last['eval/llm2/task_reward']:.3f}")
     assert f"llm2 ended at {ends[0]} and {ends[1]}" in text
+
+
+def test_the_claim2_pilots_last_run_in_the_log_is_its_committed_summary() -> None:
+    """results.md's pre-registration log: CORY at 1e-4, llm1's start → end with its KL and llm2's end."""
+    run = OUT / "claim2" / "pilot" / "results" / "algorithm.agent.learning_rate=0.0001,experiment=imdb_claim2_cory"
+    summary = json.loads((run / "seed=100" / "summary.json").read_text())
+    start, llm1, llm2 = summary["initial"]["llm1"]["task_reward"], summary["agents"]["llm1"], summary["agents"]["llm2"]
+    assert summary["iterations"] == 40 and summary["completed"]
+    printed = f"CORY at 1e-4 went {start:.3f} → {llm1['task_reward']:.3f} (KL {llm1['kl']:.2f}), with llm2 at"
+    assert f"{printed} {llm2['task_reward']:.3f}" in page("docs/results.md").replace("\n  ", " ")
