@@ -233,10 +233,15 @@ class Team:
             return frozenset()
         whole = set()
         for agent_id in learners:
-            trainable = [r for r, a in enumerate(players) if a == agent_id and self.episode.trainable(r)]
+            trainable = self._trainable_roles(players, agent_id)[1]
             if len(trainable) == 1:
                 whole.add(trainable[0])
         return frozenset(whole)
+
+    def _trainable_roles(self, players: list[str], agent_id: str) -> tuple[list[int], list[int]]:
+        """The roles `agent_id` plays this iteration, and those of them whose samples it learns from."""
+        roles = [r for r, a in enumerate(players) if a == agent_id]
+        return roles, [r for r in roles if self.episode.trainable(r)]
 
     def _update(self, players, learners, played: Played, rewards, records: dict[str, _Record]) -> None:
         """Steps 5-7 for one phase: every agent in `learners` takes one update on the samples of its trainable
@@ -250,8 +255,7 @@ class Team:
         learned_roles = [False] * n
         for agent_id in dict.fromkeys(players):  # role order: the first role's agent updates first
             agent = self.team.agents[agent_id]
-            roles = [r for r, a in enumerate(players) if a == agent_id]
-            trainable = [r for r in roles if self.episode.trainable(r)]
+            roles, trainable = self._trainable_roles(players, agent_id)
             batch = self._batch(trainable or roles, played, rewards, values)
             learns = agent_id in learners and bool(trainable)
             stats = {"kl_coef": agent.learner.kl_coef}
