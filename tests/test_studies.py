@@ -31,6 +31,7 @@ from cory.studies import (
     plot,
     plot_curves,
     plot_frontier,
+    precision_gap,
     report,
     reward_spread,
     run_sweep,
@@ -170,6 +171,7 @@ def _cases(klass: str, tmp: Path) -> dict[str, Case | str]:
                               "holds no evaluation"),
             "measure reward-spread": (reward_spread.main, ["--batches", "0", *SMOKE], "--batches: 0 is below 1"),
             "measure kl-optimum": (kl_optimum.main, ["--samples", "1", *SMOKE], "the optimum over one answer"),
+            "measure precision-gap": (precision_gap.main, ["--repeat", "0", *SMOKE], "--repeat: 0 is below 1"),
             "measure stop-latency": (stop_latency.main, ["experiment="], "experiment"),
             "sweep": (run_sweep.main, ["--dir", str(out), "--jobs", "", *SMOKE], "--jobs: '' is not an integer"),
             "gpt2-small": (make_gpt2_small.main, ["--tokenizer-dir", str(_tokenizer(tmp / "t", encoder="")), "--out",
@@ -197,6 +199,8 @@ def _cases(klass: str, tmp: Path) -> dict[str, Case | str]:
                                                  str(tmp / "a")], "is not whole (3 of 4 problems)"),
             "measure reward-spread": (reward_spread.main, [*SMOKE, "algorithm=ppo"], "has no pioneer and observer"),
             "measure kl-optimum": (kl_optimum.main, ["experiment=maft_smoke"], "has no agents evaluated"),
+            "measure precision-gap": (precision_gap.main, ["experiment=maft_smoke", "model.lora.enabled=false"],
+                                      "has no agents evaluated"),
             "measure stop-latency": "its overrides are the run's whole input: nothing of it can be partial",
             "sweep": (run_sweep.main, ["--dir", str(out), *SMOKE, "seed=0,"], "seed=0,"),
             "gpt2-small": (make_gpt2_small.main, ["--tokenizer-dir", str(tokenizer), "--out", str(out), *GPT2],
@@ -222,6 +226,7 @@ def _cases(klass: str, tmp: Path) -> dict[str, Case | str]:
                                                  str(tmp / "a")], 'problem 0: vote is "yes", not a number'),
             "measure reward-spread": (reward_spread.main, ["--batches", "two", *SMOKE], "--batches: 'two' is not"),
             "measure kl-optimum": (kl_optimum.main, ["--samples", "two", *SMOKE], "--samples: 'two' is not"),
+            "measure precision-gap": (precision_gap.main, ["--noise", "x", *SMOKE], "--noise: 'x' is not"),
             "measure stop-latency": (stop_latency.main, [*SMOKE, "batch_size=many"], "batch_size"),
             "sweep": (run_sweep.main, ["--dir", str(out), "--threads", "x", *SMOKE], "--threads: 'x' is not"),
             "gpt2-small": (make_gpt2_small.main, ["--tokenizer-dir", str(tokenizer), "--out", str(out), *GPT2],
@@ -245,6 +250,7 @@ def _cases(klass: str, tmp: Path) -> dict[str, Case | str]:
             "measure reward-spread": (reward_spread.main, [*SMOKE, "algorithm.agent.learning_rate=nan"],
                                       "learning_rate"),
             "measure kl-optimum": (kl_optimum.main, [*SMOKE, "task.eval_kl_coef=nan"], "eval_kl_coef"),
+            "measure precision-gap": (precision_gap.main, ["--noise", "nan", *SMOKE], "--noise: nan is not a finite"),
             "measure stop-latency": (stop_latency.main, [*SMOKE, "algorithm.agent.init_kl_coef=nan"], "init_kl_coef"),
             "sweep": (run_sweep.main, ["--dir", str(out), "--jobs", "nan", *SMOKE], "--jobs: 'nan' is not"),
             "gpt2-small": (make_gpt2_small.main, ["--tokenizer-dir", str(tokenizer), "--out", str(out), *GPT2],
@@ -269,6 +275,7 @@ def _cases(klass: str, tmp: Path) -> dict[str, Case | str]:
             "report paired": (paired_test.main, [str(tmp / "a"), str(tmp / "a")], "is not text"),
             "measure reward-spread": (reward_spread.main, [*SMOKE, "algorithm.agent.no_such_key=1"], "no_such_key"),
             "measure kl-optimum": (kl_optimum.main, [*SMOKE, "task=no_such_task"], "no_such_task"),
+            "measure precision-gap": (precision_gap.main, [*SMOKE, "task=no_such_task"], "no_such_task"),
             "measure stop-latency": (stop_latency.main, [*SMOKE, "task=no_such_task"], "no_such_task"),
             "sweep": (run_sweep.main, ["--dir", str(out), *SMOKE, "no_such_key.x=1"], "no_such_key"),
             "gpt2-small": (make_gpt2_small.main, ["--tokenizer-dir", str(tokenizer), "--out", str(out), *GPT2],
@@ -292,6 +299,8 @@ def _cases(klass: str, tmp: Path) -> dict[str, Case | str]:
                                                            "algorithm=cory"], "cannot write"),
             "measure kl-optimum": (kl_optimum.main, ["--samples", "2", "--out", str(blocked / "o.json"), *SMOKE],
                                    "cannot write"),
+            "measure precision-gap": (precision_gap.main, ["--repeat", "1", "--out", str(blocked / "g.json"),
+                                                           *SMOKE], "cannot write"),
             "measure stop-latency": "it writes only into a temporary folder of its own",
             "sweep": (run_sweep.main, ["--dir", str(blocked), *SMOKE], "cannot write"),
             "gpt2-small": (make_gpt2_small.main, ["--tokenizer-dir", str(_tokenizer(tmp / "t")), "--out", str(blocked),
@@ -301,9 +310,10 @@ def _cases(klass: str, tmp: Path) -> dict[str, Case | str]:
 
 
 COMMANDS = ("plot curves", "plot frontier", "report claim", "report claim2", "report family", "report paired",
-            "measure reward-spread", "measure stop-latency", "measure kl-optimum", "sweep", "gpt2-small")  # fmt: skip
+            "measure reward-spread", "measure stop-latency", "measure kl-optimum", "measure precision-gap", "sweep",
+            "gpt2-small")  # fmt: skip
 # they build the tiny model before refusing
-SLOW = {"measure reward-spread", "measure stop-latency", "measure kl-optimum"}
+SLOW = {"measure reward-spread", "measure stop-latency", "measure kl-optimum", "measure precision-gap"}
 
 
 def _case(klass: str, name: str, tmp_path: Path) -> Case:
@@ -408,6 +418,7 @@ def test_ctrl_c_is_one_line_and_exit_code_130_and_a_bug_keeps_its_traceback(caps
         ("cory.studies.measure", ["reward-spread", "--batches", "0"]),
         ("cory.studies.measure", ["stop-latency", "no_such_key=1"]),
         ("cory.studies.measure", ["kl-optimum", "--samples", "1"]),
+        ("cory.studies.measure", ["precision-gap", "--noise", "-1"]),
         ("cory.studies.run_sweep", ["--dir", "/tmp/x", "--jobs", "0"]),
         ("cory.studies.make_gpt2_small", ["--tokenizer-dir", "/no/such/folder"]),
     ],

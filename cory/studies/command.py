@@ -85,6 +85,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    """An argparse `type=`: a finite number >= 0 (NaN compares false with everything, so it is named here)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number of 0 or more")
+    return value
+
+
 class Parser(argparse.ArgumentParser):
     """argparse's parser whose errors are a `StudyError` (one line through `guard`) instead of a usage block."""
 
