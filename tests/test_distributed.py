@@ -420,13 +420,16 @@ def test_a_two_process_cory_run_resumes_exactly(tmp_path: Path, engine: str) -> 
 KILLS = [(signal.SIGKILL, "all", 1), (signal.SIGTERM, "rank1", 2), (signal.SIGKILL, "all", 3)]
 
 
-@pytest.mark.long  # about 65 s on 2 CPUs
-def test_a_two_process_fsdp_run_killed_or_stopped_anywhere_resumes_exactly(tmp_path: Path) -> None:
+@pytest.mark.long  # about 65 s on 2 CPUs per seed
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_two_process_fsdp_run_killed_or_stopped_anywhere_resumes_exactly(tmp_path: Path, seed: int) -> None:
     """Under FSDP a resumed process runs its forwards in another order than an uninterrupted one: its first is a
     rollout's (a block of the policy, under the lean decode), not an evaluation's through the policy. A run killed
     with SIGKILL (every process at once, as a lost node) or stopped by SIGTERM to one process, at seeded moments
     after several iterations (generating, scoring, updating or writing a checkpoint), and resumed, logs the same
-    rows as the uninterrupted run."""
+    rows as the uninterrupted run. Three seeds of moments: nine trials, each compared row for row (a probe of
+    2026-12-05 had seen one of four trials differ; none has since, here or in fifteen more trials by hand, ten of
+    which stopped the run before its end)."""
     hardware = (*sharded_cpu("fsdp"), "model.lora.enabled=false")
 
     def start(run_dir: Path) -> list[str]:
@@ -435,7 +438,7 @@ def test_a_two_process_fsdp_run_killed_or_stopped_anywhere_resumes_exactly(tmp_p
     _run(start(tmp_path / "whole"))
     want = _rows(tmp_path / "whole")
     assert len(want) == 7  # evaluations at 0, 2 and 4, four training rows
-    rng = random.Random(0)
+    rng = random.Random(seed)
     for i, (sig, whom, after) in enumerate(KILLS):
         run_dir = tmp_path / f"run{i}"
         launcher = subprocess.Popen(
