@@ -68,6 +68,8 @@ def build_context(cfg: DictConfig, run_dir: Path) -> RunContext:
     model and task lazily (loaded once, on the algorithm's first request, after it has checked its own settings)."""
     hardware = HardwareSettings.from_config(cfg.hardware)
     runtime.seed_everything(cfg.seed, hardware.deterministic)
+    if hardware.keep_freed_memory:
+        runtime.keep_freed_memory()
     device = distributed.setup(cfg.hardware, runtime.resolve_device(hardware.device))
 
     @functools.cache

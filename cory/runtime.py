@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import random
@@ -67,6 +68,28 @@ def set_torch_rng_states(states: dict[str, torch.Tensor]) -> None:
     cuda = [states[k] for k in sorted(states) if k.startswith("cuda")]
     if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(cuda)
+
+
+def keep_freed_memory() -> bool:
+    """Serve every allocation from malloc's heap and keep what is freed there, for this process (Linux, glibc).
+
+    By default glibc maps each block above 32 MB from the kernel and unmaps it when freed, so a tensor of that size
+    allocated again in every step is faulted in afresh, one zero-filled 4 KB page at a time: the [vocab, d]
+    gradient of a tied embedding (154 MB for GPT-2), the logits over the vocabulary, their log-softmax. On the
+    GPT-2-small shape that was 0.16 s for each zero-fill of the embedding's gradient and 0.2 s for each sum into the
+    tied weight, in every backward (docs/cost.md, "Memory the kernel maps again"). `M_MMAP_MAX = 0` serves large
+    blocks from the heap and `M_TRIM_THRESHOLD` at its maximum keeps freed heap for the next step. The arithmetic is
+    untouched (the same kernels on the same values): only where the bytes live changes. Returns whether it applied
+    (False off glibc, where `mallopt` does not exist)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt  # the C library this process already runs on
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    m_trim_threshold, m_mmap_max = -1, -4  # glibc's <malloc.h>
+    return mallopt(m_mmap_max, 0) == 1 and mallopt(m_trim_threshold, 2**31 - 1) == 1
 
 
 def resolve_device(device: str) -> torch.device:

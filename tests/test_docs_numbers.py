@@ -401,3 +401,18 @@ def test_the_amx_cost_tables_are_the_committed_measurements() -> None:
         )
         for cell in cells:
             assert cell in cost, cell
+
+
+def test_the_kept_memory_table_is_the_committed_benchmark() -> None:
+    """docs/cost.md's before/after table for `hardware.keep_freed_memory`: medians, each repeat's, peak RSS and the
+    ratios, from the committed benchmark JSON."""
+    cost = page("docs/cost.md")
+    bench = json.loads((OUT / "cost" / "keep_freed_memory_ab.json").read_text())
+    for algorithm in ("ppo", "cory"):
+        here, ref = bench[algorithm], bench["ref"][algorithm]
+        for d in (here, ref):
+            repeats = ", ".join(f"{v:.2f}" for v in d["s_per_iter_per_repeat"])
+            assert f"{d['s_per_iter']:.2f}** ({repeats})" in cost or f"{d['s_per_iter']:.2f} ({repeats})" in cost
+            assert f"{d['peak_mb']:,.0f} MB" in cost
+        assert f"**{bench['vs_ref'][algorithm]:.2f}**" in cost
+        assert f"+{100 * (here['peak_mb'] / ref['peak_mb'] - 1):.{0 if algorithm == 'ppo' else 1}f} %" in cost

@@ -8,7 +8,9 @@
   continues bit for bit like the run that never stopped;
 - the LM head of the policy and of the frozen reference receives a contiguous input (a strided one sends a frozen
   model's head to a slower batched matmul), on the response columns only, and the value head reads the same final
-  hidden state as the LM head, for GPT-2, Llama and a LoRA policy.
+  hidden state as the LM head, for GPT-2, Llama and a LoRA policy;
+- `runtime.keep_freed_memory` (`hardware.keep_freed_memory`): a large tensor allocated again reuses freed heap
+  instead of faulting in fresh pages, and a run logs the same numbers with it and without it.
 
 No timing is asserted: speed is measured by `scripts/benchmark.py`.
 """
@@ -16,6 +18,10 @@ No timing is asserted: speed is measured by `scripts/benchmark.py`.
 from __future__ import annotations
 
 import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -189,3 +195,53 @@ def test_lm_heads_get_contiguous_response_columns_and_the_value_head_the_same_st
     assert len(seen) == 2 + 4
     width = max(len(r) for r in tokens(1)[1])
     assert all(x.is_contiguous() and x.shape[1] == width + 1 for x in seen)
+
+
+# ---------------------------------------------------------------------------------------- keep_freed_memory
+FAULTS = """
+import resource, sys, torch
+from cory import runtime
+applied = runtime.keep_freed_memory() if sys.argv[1] == "keep" else None
+def faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+x = torch.ones(16 * 2**20); del x  # 64 MB, written
+before = faults()
+x = torch.ones(16 * 2**20); del x  # the same size again
+print(applied, faults() - before)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mallopt is glibc's")
+def test_a_large_tensor_allocated_again_reuses_the_heap_instead_of_fresh_pages():
+    """64 MB is above glibc's mmap threshold: by default the second allocation is mapped afresh and faults in all its
+    16,384 pages again; after `keep_freed_memory` it reuses the freed heap and faults in (almost) none. Each case in a
+    process of its own, because the setting is process-wide."""
+
+    def second_allocation(mode: str) -> tuple[str, int]:
+        out = subprocess.run([sys.executable, "-c", FAULTS, mode], capture_output=True, text=True, check=True)
+        applied, faults = out.stdout.split()
+        return applied, int(faults)
+
+    default, kept = second_allocation("default"), second_allocation("keep")
+    assert default[0] == "None" and default[1] > 10_000, default
+    assert kept[0] == "True" and kept[1] < 1_000, kept
+
+
+@pytest.mark.slow
+def test_a_run_logs_the_same_numbers_with_and_without_kept_memory(tmp_path: Path):
+    """Where the bytes live changes, not the arithmetic: the smoke run of CORY, in two fresh processes, logs identical
+    rows (wall times and memory aside)."""
+
+    def rows(flag: str) -> list[dict]:
+        run = tmp_path / flag
+        command = [sys.executable, "-m", "cory.train", "experiment=smoke", "algorithm=cory", "iterations=2",
+                   "progress=false", f"hardware.keep_freed_memory={flag}", f"hydra.run.dir={run}",
+                   f"cache_dir={tmp_path / 'cache'}"]  # fmt: skip
+        subprocess.run(command, capture_output=True, text=True, check=True, timeout=300)
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+        return [
+            {k: v for k, v in json.loads(r).items() if not k.startswith("time/") and "memory" not in k} for r in lines
+        ]
+
+    kept, default = rows("true"), rows("false")
+    assert len(kept) >= 3 and kept == default
