@@ -113,7 +113,7 @@ class HardwareSettings:
     forward_batch_size: int  # micro-batch of the no-grad rollout forwards
     generation_batch_size: int  # prompts per generate() call
     deterministic: bool = False
-    keep_freed_memory: bool = True  # large tensors reuse freed heap, not fresh pages (runtime.keep_freed_memory)
+    keep_freed_memory: bool = False  # large tensors reuse freed heap, not fresh pages (runtime.keep_freed_memory)
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> HardwareSettings:
