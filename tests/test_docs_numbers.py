@@ -416,3 +416,18 @@ def test_the_kept_memory_table_is_the_committed_benchmark() -> None:
             assert f"{d['peak_mb']:,.0f} MB" in cost
         assert f"**{bench['vs_ref'][algorithm]:.2f}**" in cost
         assert f"+{100 * (here['peak_mb'] / ref['peak_mb'] - 1):.{0 if algorithm == 'ppo' else 1}f} %" in cost
+
+
+def test_the_kept_memory_growth_is_the_committed_runs() -> None:
+    """docs/cost.md's 12-iteration memory growth and medians with and without `hardware.keep_freed_memory`."""
+    cost = page("docs/cost.md")
+    runs = json.loads((OUT / "cost" / "keep_freed_memory_growth.json").read_text())["runs"]
+    for algorithm in ("ppo", "cory"):
+        kept, default = runs[f"{algorithm}/keep_freed_memory=true"], runs[f"{algorithm}/keep_freed_memory=false"]
+        assert kept["iteration"] == default["iteration"] == list(range(1, 13))
+        peak = max(kept["peak_mb"])
+        assert f"{peak:,.0f} MB by iteration {kept['iteration'][kept['peak_mb'].index(peak)]}" in cost
+        assert kept["peak_mb"][-1] == peak  # it stayed there to the end
+        assert f"**+{100 * (peak / max(default['peak_mb']) - 1):.0f} %**" in cost
+        medians = [statistics.median(r["iteration_s"][4:]) for r in (kept, default)]
+        assert f"{medians[0]:.2f} against {medians[1]:.2f} s" in cost
