@@ -27,7 +27,8 @@ commit() {  # commit the finished runs' files under $1 (only those paths), if an
 
 sweep() {  # cory-sweep in the background, committing finished runs every minute and once at the end
   local results=$2
-  $PY -m cory.studies.run_sweep --dir "$1" --results "$results" --jobs "$JOBS" "${@:3}" &
+  # --retries: a run killed on its own (out of memory) resumes from its checkpoint at once, not days later
+  $PY -m cory.studies.run_sweep --dir "$1" --results "$results" --jobs "$JOBS" --retries 2 "${@:3}" &
   local pid=$!
   # a script's background job ignores Ctrl-C: pass it on, so that every run stops at a checkpoint
   trap 'kill -TERM $pid 2>/dev/null; wait $pid; commit "$results"; exit 130' INT TERM

@@ -81,6 +81,39 @@ def test_a_stopped_sweep_resumes_and_a_finished_one_is_skipped(tmp_path):
     assert third.returncode == 0 and "skip (finished): run/seed=3" in third.stdout and "start" not in third.stdout
 
 
+@pytest.mark.long
+@pytest.mark.slow
+@pytest.mark.parametrize("retries", [0, 1])
+def test_a_job_killed_on_its_own_is_resumed_at_once_with_retries(tmp_path, retries):
+    """SIGKILL to the job alone (as the out-of-memory killer does) while the driver runs on: without `--retries` the
+    job is left failed for the next start of the sweep; with `--retries 1` the driver resumes it from its last
+    checkpoint at once and the run ends with each iteration logged once. A second kill would find no retry left."""
+    import psutil
+
+    out = tmp_path / "sweep"
+    cmd = [sys.executable, "-m", "cory.studies.run_sweep", "--dir", str(out), "--jobs", "1", "--retries",
+           str(retries), "experiment=smoke", "iterations=40", "save_every=2", "eval_every=0", "seed=3"]  # fmt: skip
+    run = out / "run" / "seed=3"
+    driver = subprocess.Popen(cmd, cwd=REPO, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.time() + 300
+    while not list(run.glob("checkpoints/iter_*")) and time.time() < deadline and driver.poll() is None:
+        time.sleep(0.05)
+    (job,) = psutil.Process(driver.pid).children()
+    job.send_signal(signal.SIGKILL)
+    printed = driver.communicate(timeout=600)[0].decode()
+    assert "failed" in printed and "(exit -9)" in printed, printed
+    summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
+    if retries == 0:
+        assert driver.returncode == 1 and "retry" not in printed and "run the same command again" in printed
+        assert not summary.get("completed")
+        return
+    assert driver.returncode == 0, printed
+    assert "retry run/seed=3: killed by SIGKILL; resuming from its last checkpoint (0 retries left)" in printed
+    assert summary["completed"] is True
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows if "train/llm1/kl" in r] == list(range(1, 41))  # each iteration once
+
+
 def test_caches_are_warmed_through_the_entry_points_loaders(monkeypatch):
     """The model node holds keys for the agents (`add_special_tokens`, `lora`) that the loader does not take: the
     driver prepares it through `cory.build.load_model`, as a run does, not by instantiating the node whole."""

@@ -85,6 +85,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    """An argparse `type=`: an integer >= 0 (a count that may be none)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is below 0")
+    return value
+
+
 def non_negative_float(text: str) -> float:
     """An argparse `type=`: a finite number >= 0 (NaN compares false with everything, so it is named here)."""
     try:

@@ -13,9 +13,12 @@ The jobs are exactly those of `cory-train -m <the same overrides>`: the sweep fi
 - starts the others afresh.
 With `--results`, a job whose folder is gone (another machine, a lost session) but whose kept files there hold a
 finished run is not run again: its files go back into its folder, and it counts as finished.
-So a sweep killed at any point (Ctrl-C, `kill`, a reboot) continues where its checkpoints stand. Ctrl-C or SIGTERM
-to this driver is passed once to every running job, which finishes its iteration, checkpoints and exits; if the
-driver itself is killed with SIGKILL, its jobs get SIGTERM (Linux). Each job's output goes to `<DIR>/logs/`.
+So a sweep killed at any point (Ctrl-C, `kill`, a reboot) continues where its checkpoints stand. With `--retries N`,
+a job that a signal kills on its own (the kernel's out-of-memory killer, a `kill -9`) while the driver runs on is
+resumed from its last checkpoint at once, in the slot it left, up to N times per job; a job that exits with an
+error is not retried (its error would repeat). Ctrl-C or SIGTERM to this driver is passed once to every running
+job, which finishes its iteration, checkpoints and exits; if the driver itself is killed with SIGKILL, its jobs get
+SIGTERM (Linux). Each job's output goes to `<DIR>/logs/`.
 With `--evaluate "ARGS"`, each job that finished training is then scored by `python -m cory.evaluate <its folder> ARGS
 --out <its folder>/evaluation/sweep` in the same slot (pass@k of the base model and of every agent, paper Fig. 5),
 and a job counts as done once that evaluation's `passk.json` exists; a run folder's checkpoints need not outlive
@@ -33,6 +36,7 @@ command: `python -m cory.studies.run_sweep`.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import shlex
@@ -198,8 +202,11 @@ def _die_with_parent() -> None:
 class Driver:
     """Runs the jobs `jobs` at a time; one signal to the driver is passed once to every running job."""
 
-    def __init__(self, jobs: int, threads: int, log_dir: Path, on_done=None, evaluate: bool = False) -> None:
+    def __init__(
+        self, jobs: int, threads: int, log_dir: Path, on_done=None, evaluate: bool = False, retries: int = 0
+    ) -> None:
         self.slots, self.log_dir, self.on_done, self.evaluate = jobs, log_dir, on_done, evaluate
+        self.retries: dict[str, int] = collections.defaultdict(lambda: retries)  # left, per job
         self.env = os.environ | {
             "OMP_NUM_THREADS": str(threads),
             "MKL_NUM_THREADS": str(threads),
@@ -215,9 +222,11 @@ class Driver:
                 proc.send_signal(signal.SIGTERM)
         self.stopping = True
 
-    def run(self, todo: list[tuple[str, Path, list[list[str]]]]) -> None:
+    def run(self, todo: list[tuple[str, Path, list[list[str]]]], resume=None) -> None:
         """Each job's commands (train or resume, then `--evaluate`'s) one after another in one slot; a command that
-        fails or is stopped ends the job's turn (the next start of the same sweep command picks the job up again)."""
+        fails or is stopped ends the job's turn (the next start of the same sweep command picks the job up again),
+        except that a job killed by a signal with retries left goes back to the front of the queue as `resume(name)`
+        gives its commands."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         while (todo and not self.stopping) or self.running:
             while todo and not self.stopping and len(self.running) < self.slots:
@@ -229,6 +238,14 @@ class Driver:
                 now = {"done": "finished", "evaluate": "trained"}.get(state(folder, self.evaluate), "stopped")
                 outcome = "failed" if proc.returncode else now
                 print(f"[sweep] {outcome} after {time.time() - t0:.0f} s (exit {proc.returncode}): {name}", flush=True)
+                # a signal ended it, and there is a run to resume (or its pass@k to score)
+                killed = proc.returncode < 0 and state(folder, self.evaluate) in ("resume", "evaluate")
+                if killed and resume is not None and not self.stopping and self.retries[name] > 0:
+                    self.retries[name] -= 1
+                    why = signal.Signals(-proc.returncode).name
+                    print(f"[sweep] retry {name}: killed by {why}; resuming from its last checkpoint "
+                          f"({self.retries[name]} retries left)", flush=True)  # fmt: skip
+                    todo.insert(0, (name, folder, resume(name)))
                 if outcome == "trained" and rest and not self.stopping:
                     self._start(name, folder, rest[0], rest[1:])
                 if outcome == "finished" and self.on_done is not None:
@@ -271,6 +288,12 @@ def run(argv: Sequence[str] | None = None, prog: str = "cory-sweep") -> int:
         metavar="ARGS",
         help='then score each trained run with `cory-evaluate <run> ARGS` (e.g. "--n 8"): its pass@k',
     )
+    parser.add_argument(
+        "--retries",
+        type=command.non_negative_int,
+        default=0,
+        help="resume a job killed by a signal (out of memory, kill -9) up to this many times (default 0)",
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, sweeps included")
     args = parser.parse_args(argv)
     try:
@@ -292,7 +315,7 @@ def run(argv: Sequence[str] | None = None, prog: str = "cory-sweep") -> int:
     evaluate = evaluate_args is not None
     evaluation = [evaluate_command(f, evaluate_args) for f in folders] if evaluate else []
     try:
-        todo = []
+        todo, index = [], {}
         for i, (job, folder) in enumerate(zip(jobs, folders, strict=True)):
             name = str(folder.relative_to(root))
             if args.results is not None and restore(args.results / name, folder, evaluate):
@@ -311,14 +334,25 @@ def run(argv: Sequence[str] | None = None, prog: str = "cory-sweep") -> int:
                 shutil.rmtree(folder)
             train = [] if how == "evaluate" else [train_command(job, folder, how, alias=root / ".resume" / str(i))]
             todo.append((name, folder, train + evaluation[i : i + 1]))
+            index[name] = i
         print(f"[sweep] {len(jobs)} jobs, {len(todo)} to run ({args.jobs} at a time) in {root}", flush=True)
         if args.jobs > 1 and len(todo) > 1:
             warm_caches(jobs[0])
         on_done = None if args.results is None else (lambda name, folder: collect(folder, args.results / name))
-        driver = Driver(args.jobs, args.threads, root / "logs", on_done, evaluate)
+        driver = Driver(args.jobs, args.threads, root / "logs", on_done, evaluate, args.retries)
+
+        def resume(name: str) -> list[list[str]]:  # a killed job's commands from where its folder stands
+            i, folder = index[name], folders[index[name]]
+            train = (
+                []
+                if state(folder, evaluate) == "evaluate"
+                else [train_command([], folder, "resume", root / ".resume" / str(i))]
+            )
+            return train + evaluation[i : i + 1]
+
         previous = {s: signal.signal(s, driver.stop) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
-            driver.run(todo)
+            driver.run(todo, resume)
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
