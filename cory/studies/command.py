@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import errno
 import importlib
+import json
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -74,26 +75,34 @@ def output(path: str | Path | None = None, flag: str = "--out") -> Iterator[None
         raise StudyError(write_error(err, flag)) from err
 
 
-def positive_int(text: str) -> int:
-    """An argparse `type=`: an integer >= 1 (`--jobs 0` would run nothing and wait forever)."""
+def emit_json(result: dict, out: Path | None) -> None:
+    """A measurement's result: printed as JSON, and written to `out` (`--out`) when given, refused in one line if it
+    cannot be."""
+    text = json.dumps(result, indent=2)
+    print(text)
+    if out:
+        with output(out):
+            out.write_text(text + "\n")
+
+
+def _int_at_least(text: str, low: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is below 1")
+    if value < low:
+        raise argparse.ArgumentTypeError(f"{value} is below {low}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """An argparse `type=`: an integer >= 1 (`--jobs 0` would run nothing and wait forever)."""
+    return _int_at_least(text, 1)
 
 
 def non_negative_int(text: str) -> int:
     """An argparse `type=`: an integer >= 0 (a count that may be none)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is below 0")
-    return value
+    return _int_at_least(text, 0)
 
 
 def non_negative_float(text: str) -> float:

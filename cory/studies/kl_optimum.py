@@ -23,7 +23,6 @@ one line and exit code 2. The same command: `python -m cory.studies.kl_optimum`.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import sys
@@ -104,10 +103,7 @@ def run(argv: Sequence[str] | None = None, prog: str = "cory-measure kl-optimum"
     result["within_prompt_sd"] = statistics.fmean(statistics.stdev(g) for g in groups)
     for key in ("reward_gain", "kl", "combined_gain"):
         result[key], result[f"{key}_se"] = _mean_se([o[key] for o in optima])
-    print(json.dumps(result, indent=2))
-    if args.out:
-        with command.output(args.out):
-            args.out.write_text(json.dumps(result, indent=2) + "\n")
+    command.emit_json(result, args.out)
     return 0
 
 

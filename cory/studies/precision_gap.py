@@ -22,7 +22,6 @@ code 2. The same command: `python -m cory.studies.precision_gap`.
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import tempfile
@@ -139,10 +138,7 @@ def run(argv: Sequence[str] | None = None, prog: str = "cory-measure precision-g
     result["device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     result["cpu_bf16"] = bf16_features()
     result["threads"] = torch.get_num_threads()
-    print(json.dumps(result, indent=2))
-    if args.out:
-        with command.output(args.out):
-            args.out.write_text(json.dumps(result, indent=2) + "\n")
+    command.emit_json(result, args.out)
     return 0
 
 

@@ -18,7 +18,6 @@ episodes, a reward that is NaN, or an unwritable `--out` are one line and exit c
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import sys
@@ -74,10 +73,7 @@ def run(argv: Sequence[str] | None = None, prog: str = "cory-measure reward-spre
         "mean_r1": statistics.fmean(r1),
         "mean_r2": statistics.fmean(r2),
     }
-    print(json.dumps(result, indent=2))
-    if args.out:
-        with command.output(args.out):
-            args.out.write_text(json.dumps(result, indent=2) + "\n")
+    command.emit_json(result, args.out)
     return 0
 
 
