@@ -235,11 +235,12 @@ class Driver:
             time.sleep(0.2)
             for proc in [p for p in self.running if p.poll() is not None]:
                 name, folder, t0, rest = self.running.pop(proc)
-                now = {"done": "finished", "evaluate": "trained"}.get(state(folder, self.evaluate), "stopped")
+                where = state(folder, self.evaluate)
+                now = {"done": "finished", "evaluate": "trained"}.get(where, "stopped")
                 outcome = "failed" if proc.returncode else now
                 print(f"[sweep] {outcome} after {time.time() - t0:.0f} s (exit {proc.returncode}): {name}", flush=True)
                 # a signal ended it, and there is a run to resume (or its pass@k to score)
-                killed = proc.returncode < 0 and state(folder, self.evaluate) in ("resume", "evaluate")
+                killed = proc.returncode < 0 and where in ("resume", "evaluate")
                 if killed and resume is not None and not self.stopping and self.retries[name] > 0:
                     self.retries[name] -= 1
                     why = signal.Signals(-proc.returncode).name
@@ -314,9 +315,16 @@ def run(argv: Sequence[str] | None = None, prog: str = "cory-sweep") -> int:
         lock.write_text(str(os.getpid()))
     evaluate = evaluate_args is not None
     evaluation = [evaluate_command(f, evaluate_args) for f in folders] if evaluate else []
+
+    def commands(i: int, how: str) -> list[list[str]]:
+        """Job i's commands from where its folder stands (`state`): its training, fresh or resumed, unless only its
+        pass@k is owed; then `--evaluate`'s."""
+        train = [] if how == "evaluate" else [train_command(jobs[i], folders[i], how, root / ".resume" / str(i))]
+        return train + evaluation[i : i + 1]
+
     try:
         todo, index = [], {}
-        for i, (job, folder) in enumerate(zip(jobs, folders, strict=True)):
+        for i, folder in enumerate(folders):
             name = str(folder.relative_to(root))
             if args.results is not None and restore(args.results / name, folder, evaluate):
                 print(f"[sweep] skip (finished; its files restored from {args.results / name}): {name}")
@@ -332,27 +340,17 @@ def run(argv: Sequence[str] | None = None, prog: str = "cory-sweep") -> int:
                     print(f"[sweep] skip (a run without run_config.yaml; move it away to rerun): {name}")
                     continue
                 shutil.rmtree(folder)
-            train = [] if how == "evaluate" else [train_command(job, folder, how, alias=root / ".resume" / str(i))]
-            todo.append((name, folder, train + evaluation[i : i + 1]))
+            todo.append((name, folder, commands(i, how)))
             index[name] = i
         print(f"[sweep] {len(jobs)} jobs, {len(todo)} to run ({args.jobs} at a time) in {root}", flush=True)
         if args.jobs > 1 and len(todo) > 1:
             warm_caches(jobs[0])
         on_done = None if args.results is None else (lambda name, folder: collect(folder, args.results / name))
         driver = Driver(args.jobs, args.threads, root / "logs", on_done, evaluate, args.retries)
-
-        def resume(name: str) -> list[list[str]]:  # a killed job's commands from where its folder stands
-            i, folder = index[name], folders[index[name]]
-            train = (
-                []
-                if state(folder, evaluate) == "evaluate"
-                else [train_command([], folder, "resume", root / ".resume" / str(i))]
-            )
-            return train + evaluation[i : i + 1]
-
         previous = {s: signal.signal(s, driver.stop) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
-            driver.run(todo, resume)
+            # a killed job's commands, from where its folder stands now
+            driver.run(todo, lambda name: commands(index[name], state(folders[index[name]], evaluate)))
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
