@@ -47,7 +47,7 @@ import psutil
 import pytest
 import torch
 from helpers.compose import compose_cfg
-from helpers.runners import start_run
+from helpers.runners import exact_rows, start_run
 from torch.distributed.tensor import DTensor
 
 from cory import build, distributed, engines
@@ -386,12 +386,6 @@ def _two_process_cory(tmp_path: Path, run_dir: Path, hardware: tuple[str, ...], 
     ]
 
 
-def _rows(run_dir: Path) -> list[dict]:
-    """metrics.jsonl without wall time and memory."""
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [{k: v for k, v in json.loads(r).items() if not k.startswith("time/") and "memory" not in k} for r in lines]
-
-
 @pytest.mark.long
 @pytest.mark.parametrize("engine", ["accelerate", "zero2", "zero3", "fsdp"])
 def test_a_two_process_cory_run_resumes_exactly(tmp_path: Path, engine: str) -> None:
@@ -403,7 +397,7 @@ def test_a_two_process_cory_run_resumes_exactly(tmp_path: Path, engine: str) -> 
     run_dir = tmp_path / "run"
     hardware = (*sharded_cpu(engine), "model.lora.enabled=false") if engine != "accelerate" else ()
     _run(_two_process_cory(tmp_path, run_dir, hardware, iterations=3))
-    first = _rows(run_dir)
+    first = exact_rows(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["completed"]
     # every process holds the same whole weights; under ZeRO-3 and FSDP each holds its own shard: nothing to compare
@@ -411,7 +405,7 @@ def test_a_two_process_cory_run_resumes_exactly(tmp_path: Path, engine: str) -> 
     for later in ("iter_000002", "iter_000003"):
         shutil.rmtree(run_dir / "checkpoints" / later)
     _run([*_two_processes(), f"resume={run_dir}"])
-    again = _rows(run_dir)
+    again = exact_rows(run_dir)
     assert len(again) == len(first) == 6  # evaluations at 0, 2, 3 and three training rows
     assert again == first
 
@@ -436,7 +430,7 @@ def test_a_two_process_fsdp_run_killed_or_stopped_anywhere_resumes_exactly(tmp_p
         return _two_process_cory(tmp_path, run_dir, hardware, iterations=4)
 
     _run(start(tmp_path / "whole"))
-    want = _rows(tmp_path / "whole")
+    want = exact_rows(tmp_path / "whole")
     assert len(want) == 7  # evaluations at 0, 2 and 4, four training rows
     rng = random.Random(seed)
     for i, (sig, whom, after) in enumerate(KILLS):
@@ -466,7 +460,7 @@ def test_a_two_process_fsdp_run_killed_or_stopped_anywhere_resumes_exactly(tmp_p
         if sig == signal.SIGTERM:
             assert launcher.returncode == 0, err[-3000:]
         _run([*_two_processes(), f"resume={run_dir}"])
-        assert _rows(run_dir) == want, (sig, whom, after)
+        assert exact_rows(run_dir) == want, (sig, whom, after)
 
 
 @pytest.mark.long

@@ -18,7 +18,6 @@ No timing is asserted: speed is measured by `scripts/benchmark.py`.
 from __future__ import annotations
 
 import dataclasses
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.from_config import learner
+from helpers.runners import exact_rows, run_cli
 
 from cory import runtime
 from cory.models import build_tiny_gpt2, build_tiny_llama, make_reference
@@ -238,14 +238,10 @@ def test_a_run_logs_the_same_numbers_with_and_without_kept_memory(tmp_path: Path
 
     def rows(flag: str) -> list[dict]:
         run = tmp_path / flag
-        command = [sys.executable, "-m", "cory.train", "experiment=smoke", "algorithm=cory", "iterations=2",
-                   "progress=false", f"hardware.keep_freed_memory={flag}", f"hydra.run.dir={run}",
-                   f"cache_dir={tmp_path / 'cache'}"]  # fmt: skip
-        subprocess.run(command, capture_output=True, text=True, check=True, timeout=300)
-        lines = (run / "metrics.jsonl").read_text().splitlines()
-        return [
-            {k: v for k, v in json.loads(r).items() if not k.startswith("time/") and "memory" not in k} for r in lines
-        ]
+        run_cli("experiment=smoke", "algorithm=cory", "iterations=2", "progress=false",
+                f"hardware.keep_freed_memory={flag}", f"hydra.run.dir={run}",
+                f"cache_dir={tmp_path / 'cache'}")  # fmt: skip
+        return exact_rows(run)
 
     kept, default = rows("true"), rows("false")
     assert len(kept) >= 3 and kept == default

@@ -167,6 +167,13 @@ def read_rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def exact_rows(run_dir: Path) -> list[dict]:
+    """metrics.jsonl without wall time and memory: what two runs of the same numbers log alike (compared with `==`)."""
+    return [
+        {k: v for k, v in r.items() if not k.startswith("time/") and "memory" not in k} for r in read_rows(run_dir)
+    ]
+
+
 def check_run_folder(run_dir: Path, algorithm: str, iterations: int) -> None:
     """What every finished smoke run must leave behind."""
     agents = AGENTS[algorithm]
