@@ -106,6 +106,7 @@ class HardwareSettings:
     RANGES = {
         "forward_batch_size": "[1, inf)",
         "generation_batch_size": "[1, inf)",
+        "length_groups": "[1, inf)",
     }
 
     device: str  # cpu | cuda | cuda:<n> | auto
@@ -114,6 +115,7 @@ class HardwareSettings:
     generation_batch_size: int  # prompts per generate() call
     deterministic: bool = False
     keep_freed_memory: bool = False  # large tensors reuse freed heap, not fresh pages (runtime.keep_freed_memory)
+    length_groups: int = 1  # forwards in up to this many groups of similar length (cory.ppo.rollout.length_groups)
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> HardwareSettings:

@@ -22,8 +22,9 @@ stream), once at the learner's row count (a minibatch's tokens) and once at the 
 `learner_gflop` counts the learner's matrix-product FLOPs on each sequence's own tokens (the floor: no padding): per
 forward 2·N·n for the N non-embedding weights and n tokens, 2·d·V per LM-head column kept (response + 1),
 4·layers·d·n² for attention; a backward is twice its forward. `learner_padded_gflop` counts the same on the padded
-rectangles the minibatches multiply. `learner_floor_s` = that ÷ the GEMM rate, and `learner_vs_floor` is
-(forward + backward) ÷ floor — 1.0 would mean nothing but matrix products. `sample_floor_s` is the same for the
+rectangles the minibatches multiply (one per length group under `hardware.length_groups`). `learner_floor_s` =
+that ÷ the GEMM rate, and `learner_vs_floor` is (forward + backward) ÷ floor — 1.0 would mean nothing but matrix
+products. `sample_floor_s` is the same for the
 whole generation: each call's prompt forward (rows × padded prompt tokens, at the large-row rate) plus its decode
 steps (2·N + 2·d·V FLOPs per row and step, attention over the cache, at the batch's rate); `sample_vs_floor` is
 `sample` ÷ that. `s_per_decode_step` divides `sample` by the steps (the prompt forward included), and
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     from hydra import compose, initialize_config_dir
 
     from cory import trainer as trainer_module
-    from cory.ppo import actor, backends, learner, trainee
+    from cory.ppo import actor, backends, learner, rollout, trainee
     from cory.train import train
 
     if args.threads:
@@ -141,21 +142,18 @@ def main(argv: list[str] | None = None) -> int:
     clock = Clock(cuda=str(cfg.hardware.device).startswith("cuda"))
     shapes = {"learner": [], "decode_chunks": []}  # per call: the learner forward's and the decode loop's shapes
 
-    def count_forward(result, model, prompt_ids, prompt_mask, response_ids, response_mask, with_values):
+    def count_forward(result, model, prompt_ids, prompt_mask, response_ids, response_mask, with_values, groups=1):
         if torch.is_grad_enabled():  # the learner's forward, or the one the rollout keeps for it (no-grad: rollout)
             if "config" not in shapes:
                 inner = getattr(model, "module", model)  # an engine's wrapped module
                 shapes["config"] = getattr(inner, "pretrained_model", inner).config.get_text_config()
-            lengths = (prompt_mask.sum(1) + response_mask.sum(1)).tolist()
-            shapes["learner"].append(
-                (
-                    prompt_ids.shape[0],
-                    prompt_ids.shape[1],
-                    response_ids.shape[1],
-                    lengths,
-                    response_mask.sum(1).tolist(),
-                )
-            )
+            prompts, responses = prompt_mask.sum(1).tolist(), response_mask.sum(1).tolist()
+            split = rollout.length_groups(prompts, responses, groups)  # the rectangles the forward multiplies
+            if len(split) == 1:
+                rectangles = [(prompt_ids.shape[0], prompt_ids.shape[1], response_ids.shape[1])]
+            else:
+                rectangles = [(len(g), max(1, *(prompts[i] for i in g)), max(responses[i] for i in g)) for g in split]
+            shapes["learner"].append((rectangles, [a + b for a, b in zip(prompts, responses)], responses))
 
     def count_decode(
         responses, model, tokenizer, prompt_ids, max_new_tokens, generation_kwargs, device, batch_size, *args
@@ -213,17 +211,19 @@ def main(argv: list[str] | None = None) -> int:
         return sum(2 * n_params * n + 4 * layers * d * n * n + 2 * d * vocab * k for n, k in zip(lengths, kept))
 
     learner_flop, padded_flop, real, padded = 0.0, 0.0, 0, 0
-    for b, p, t, lengths, responses in forwards:
+    for rectangles, lengths, responses in forwards:
         # forward + a backward of twice its cost; the floor counts each sequence's own tokens, the padded count
-        # what the batch's rectangle multiplies
+        # what the batch's rectangles multiply (one, or one per length group: `hardware.length_groups`)
         learner_flop += 3 * forward_flop(lengths, [r + 1 for r in responses])
-        padded_flop += 3 * forward_flop([p + t] * b, [t + 1] * b)
-        real, padded = real + sum(lengths), padded + b * (p + t)
+        for b, p, t in rectangles:
+            padded_flop += 3 * forward_flop([p + t] * b, [t + 1] * b)
+            padded += b * (p + t)
+        real += sum(lengths)
     learner_flop, padded_flop = learner_flop / len(timed), padded_flop / len(timed)
     chunks = [c for start, end in timed for c in shapes["decode_chunks"][start[3] : end[3]]]
     steps = sum(c[2] for c in chunks) / len(timed)
     batch = max((c[0] for c in chunks), default=1)
-    mb_rows = max((b * (p + t) for b, p, t, _, _ in forwards), default=1)
+    mb_rows = max((b * (p + t) for rectangles, _, _ in forwards for b, p, t in rectangles), default=1)
     rate_learner, rate_decode = gemm_gflops(mb_rows, d), gemm_gflops(batch, d)
     learner_s = phases["learner_forward"] + phases["learner_backward"]
     floor_s = learner_flop / rate_learner / 1e9

@@ -28,10 +28,12 @@ import torch
 from helpers.from_config import learner
 from transformers import LogitsProcessor, LogitsProcessorList
 
+from cory import engines
+from cory.errors import ConfigError
 from cory.models import build_tiny_gpt2, make_reference
 from cory.ppo import core as ppo_core
 from cory.ppo.learner import Agent, Batch, PPOConfig, agent_on
-from cory.ppo.rollout import forward_logits, pad, truncate_after_eos
+from cory.ppo.rollout import forward_logits, length_groups, pad, truncate_after_eos
 
 # The paper's learner block from the YAML, with B = 4 samples, 2 per minibatch, 2 epochs → 4 optimiser steps per learn
 CFG = learner(learning_rate=1e-3, mini_batch_size=2, ppo_epochs=2)
@@ -51,11 +53,11 @@ def sharpen(model: torch.nn.Module, seed: int) -> None:
                 p.copy_(0.3 * torch.randn(p.shape, generator=g))
 
 
-def make_agent(cfg: PPOConfig = CFG, seed: int = 0, model_seed: int = 0, ref=None) -> Agent:
+def make_agent(cfg: PPOConfig = CFG, seed: int = 0, model_seed: int = 0, ref=None, **placement) -> Agent:
     model, tokenizer = build_tiny_gpt2(seed=model_seed)
     sharpen(model, model_seed)
     ref = make_reference(model) if ref is None else ref
-    return agent_on("llm1", model, ref, tokenizer, cfg, seed=seed)
+    return agent_on("llm1", model, ref, tokenizer, cfg, seed=seed, **placement)
 
 
 def token_lists(eos: int, seed: int = 0) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -159,6 +161,89 @@ def test_forward_logits_aligns_logits_with_response_tokens():
     with torch.no_grad():
         alone = agent.trainee.policy.pretrained_model(input_ids=prompts[0][None]).logits[0, -1]
     torch.testing.assert_close(logits[0, 0], alone, atol=1e-5, rtol=0)
+
+
+# ------------------------------------------------------------------------------------ forwards in length groups
+def test_length_groups_cuts_rows_where_the_padded_positions_are_fewest():
+    # totals 8, 15, 6, 15 → order 1, 3, 0, 2; {1, 3}: 2 × (10 + 5) = 30, {0, 2}: 2 × (4 + 5) = 18; one rectangle: 60
+    assert length_groups([3, 10, 4, 10], [5, 5, 2, 5], 2) == [[1, 3], [0, 2]]
+    # three: {1, 3}, {0}, {2} hold 30 + 8 + 6 = 44 positions, fewer than the two groups' 48
+    assert length_groups([3, 10, 4, 10], [5, 5, 2, 5], 3) == [[1, 3], [0], [2]]
+    assert length_groups([3, 10, 4, 10], [5, 5, 2, 5], 1) == [[0, 1, 2, 3]]  # one: every row in its own order
+    assert length_groups([3, 3, 3], [5, 5, 5], 3) == [[0, 1, 2]]  # equal lengths: no cut saves a position
+    assert length_groups([7], [2], 4) == [[0]]
+
+
+def _masked_sum(logits: torch.Tensor, values: torch.Tensor, r_ids: torch.Tensor, r_mask: torch.Tensor):
+    """A loss that reads every position a PPO loss reads (log-probs of the tokens, values), and no other."""
+    logprobs = ppo_core.gather(torch.log_softmax(logits, -1), r_ids)
+    return ((logprobs + values) * r_mask).sum()
+
+
+def test_forward_logits_in_length_groups_is_the_one_rectangle_forward_up_to_rounding():
+    """The rows run as 2 or 3 rectangles of their own length and come back in row order at the full width: at every
+    position a loss reads, the logits, values and the gradient they send to every weight are the one rectangle's
+    within float32 rounding; the positions a group did not compute hold zeros."""
+    agent = make_agent()
+    policy = agent.trainee.policy
+    prompts, responses = token_lists(agent.actor.tokenizer.eos_token_id)
+    p_ids, p_mask = pad(prompts, 0, left=True)
+    r_ids, r_mask = pad(responses, 0, left=False)
+    outs = {}
+    for groups in (1, 2, 3):
+        policy.zero_grad()
+        logits, values = forward_logits(policy, p_ids, p_mask, r_ids, r_mask, True, groups)
+        _masked_sum(logits, values, r_ids, r_mask).backward()
+        grads = {n: p.grad.clone() for n, p in policy.named_parameters() if p.grad is not None}
+        outs[groups] = (logits.detach(), values.detach(), grads)
+    want_logits, want_values, want_grads = outs[1]
+    read = r_mask.bool()
+    for groups in (2, 3):
+        logits, values, grads = outs[groups]
+        assert logits.shape == want_logits.shape and values.shape == want_values.shape
+        torch.testing.assert_close(logits[read], want_logits[read], atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(values[read], want_values[read], atol=2e-5, rtol=1e-5)
+        assert grads.keys() == want_grads.keys()
+        for name, g in grads.items():
+            torch.testing.assert_close(g, want_grads[name], atol=1e-4, rtol=1e-4, msg=name)
+    # with 3 groups the 1-token response (row 1) sits in a group of width 1: its other columns were not computed
+    logits, values, _ = outs[3]
+    # totals 7, 6, 8, 7 → order 2, 0, 3, 1; {2}: 1 × 8, {0, 3}: 2 × (4 + 4), {1}: 1 × (5 + 1): 30 positions of 40
+    assert length_groups(PROMPT_LENS, RESPONSE_LENS, 3) == [[2], [0, 3], [1]]
+    assert (logits[1, 1:] == 0).all() and (values[1, 1:] == 0).all()
+    assert not (want_logits[1, 1:] == 0).all()  # the one rectangle computed them (padding)
+
+
+def test_an_update_in_length_groups_learns_what_the_one_rectangle_learns():
+    """Two agents from the same weights and seed, one with `length_groups=3`: the rollout numbers, the update's
+    losses and the updated policies' log-probs and values agree within float32 rounding; they are not bit-identical,
+    because the products' shapes differ. The weights are compared through what they compute: Adam turns the
+    rounding noise of a gradient that is zero in exact arithmetic (the attention's key bias, to which softmax is
+    blind) into steps of the learning rate's size, which move no output."""
+    a, b = make_agent(), make_agent(length_groups=3)
+    ra, rb = rollout_for(a), rollout_for(b)
+    read = ra.response_mask.bool()
+    for key in ("logprobs", "ref_logprobs", "values", "kls", "entropy"):
+        torch.testing.assert_close(getattr(rb, key)[read], getattr(ra, key)[read], atol=2e-5, rtol=1e-5, msg=key)
+    before = forward_logits(a.trainee.policy, ra.prompt_ids, ra.prompt_mask, ra.response_ids, ra.response_mask, True)
+    sa, sb = a.learner.update(Batch(ra, SCORES)).stats, b.learner.update(Batch(rb, SCORES)).stats
+    for key in ("policy_loss", "value_loss", "approx_kl", "clipfrac"):
+        assert sb[key] == pytest.approx(sa[key], rel=1e-4, abs=1e-6), key
+    with torch.no_grad():
+        args = (ra.prompt_ids, ra.prompt_mask, ra.response_ids, ra.response_mask, True)
+        (la, va), (lb, vb) = forward_logits(a.trainee.policy, *args), forward_logits(b.trainee.policy, *args)
+    assert (la[read] - before[0][read]).abs().max() > 1e-2  # the update moved the outputs
+    torch.testing.assert_close(lb[read], la[read], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(vb[read], va[read], atol=1e-4, rtol=1e-4)
+
+
+def test_length_groups_on_several_processes_is_refused_in_one_line(monkeypatch):
+    """Several forwards before one backward would break data-parallel gradient exchange (and a sharded engine's
+    gathers must pair across processes): refused when the agent is built, naming the option."""
+    monkeypatch.setattr(engines.Processes, "count", property(lambda self: 2))
+    with pytest.raises(ConfigError, match=r"^hardware.length_groups=2 needs one process"):
+        make_agent(length_groups=2)
+    make_agent(length_groups=1)  # the default is fine anywhere
 
 
 # ------------------------------------------------------------------------------------------------------- (c)

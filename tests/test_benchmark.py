@@ -21,6 +21,7 @@ import torch
 from helpers.compose import compose_cfg
 
 from cory.models import build_tiny_gpt2
+from cory.ppo.rollout import length_groups
 from cory.studies import make_gpt2_small
 
 REPO = Path(__file__).resolve().parents[1]
@@ -438,3 +439,50 @@ def test_phases_accounts_for_the_iteration_and_prices_its_matrix_products(capsys
     # the tiny model's text config, as the script prices it: 2 layers of GPT-2's shape at width 32
     text = phases._text_config(build_tiny_gpt2()[0].config)
     assert text == {"d": 32, "layers": 2, "vocab": 257, "non_embedding": 2 * (4 * 32 * 32 + 2 * 32 * 128)}
+
+
+@pytest.mark.long
+def test_phases_prices_the_rectangles_of_length_groups(capsys):
+    """Under `hardware.length_groups=4` the learner multiplies one rectangle per length group: the first iteration
+    (the same sampled tokens either way: sampling does not go through the grouped forward) has the same floor and
+    fewer padded FLOPs and positions than in one rectangle."""
+    phases = _load("phases")
+    reports = {}
+    for groups in (1, 4):
+        argv = ["--threads", "1", "--iterations", "1", "--warmup", "0", "experiment=smoke"]
+        assert phases.main([*argv, f"hardware.length_groups={groups}"]) == 0
+        out = capsys.readouterr().out
+        reports[groups] = json.loads(out[out.index("{\n") :])
+    one, grouped = reports[1], reports[4]
+    assert grouped["learner_gflop"] == pytest.approx(one["learner_gflop"], rel=1e-12)
+    assert grouped["learner_gflop"] <= grouped["learner_padded_gflop"] < one["learner_padded_gflop"]
+    assert 0 <= grouped["padding"] < one["padding"]
+
+
+def test_length_groups_times_each_setting_on_one_batch_and_counts_its_rectangles(capsys, tmp_path):
+    """`scripts/length_groups.py` on the tiny model: every setting is timed `--repeat` times on the same batch, and
+    its forwards, positions and padding are those of `cory.ppo.rollout.length_groups` on the batch's lengths (one
+    rectangle: rows × (longest prompt + longest answer)); the JSON it prints is the one it writes."""
+    script = _load("length_groups")
+    out_file = tmp_path / "ab.json"
+    argv = ["--repeat", "2", "--groups", "1", "2", "4", "--shape", "observer", "--out", str(out_file)]
+    assert script.main([*argv, "experiment=smoke"]) == 0
+    out = capsys.readouterr().out
+    report = json.loads(out[out.index("{\n") :])
+    assert json.loads(out_file.read_text()) == report
+    prompts, responses = script.lengths("observer", 16, 0)
+    assert all(2 * 2 + 22 <= p <= 2 * 8 + 22 for p in prompts) and sorted(responses)[:3] == [5, 9, 16]
+    assert report["tokens"] == sum(prompts) + sum(responses) and list(report["settings"]) == ["1", "2", "4"]
+    one = report["settings"]["1"]
+    assert one["forwards"] == 1 and one["positions"] == 16 * (max(prompts) + 16) and one["vs_first"] == 1.0
+    for k in ("2", "4"):
+        split = length_groups(prompts, responses, int(k))
+        got = report["settings"][k]
+        assert got["forwards"] == len(split) > 1
+        assert got["positions"] == sum(
+            len(s) * (max(prompts[i] for i in s) + max(responses[i] for i in s)) for s in split
+        )
+        assert got["positions"] < one["positions"] and got["padding"] < one["padding"]
+    for got in report["settings"].values():
+        assert len(got["seconds"]) == 2 and got["s_min"] <= got["s_median"] <= got["s_max"] and got["s_min"] > 0
+        assert got["padding"] == pytest.approx(1 - report["tokens"] / got["positions"])

@@ -261,7 +261,7 @@ def test_every_printed_command_runs_or_composes(where, line, tmp_path, monkeypat
         assert all(f in _script_help(name) for f in flags), (line, flags)
         overrides = [a for a in args if "=" in a and not a.startswith("-")]
         if (
-            name in ("scripts/benchmark.py", "scripts/phases.py") and overrides
+            name in ("scripts/benchmark.py", "scripts/phases.py", "scripts/length_groups.py") and overrides
         ):  # the scripts that pass Hydra overrides
             _validate_as_if_cuda(_compose(tuple(overrides)), line, monkeypatch)
     elif name == "cory.train":

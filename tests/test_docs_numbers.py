@@ -431,3 +431,31 @@ def test_the_kept_memory_growth_is_the_committed_runs() -> None:
         assert f"**+{100 * (peak / max(default['peak_mb']) - 1):.0f} %**" in cost
         medians = [statistics.median(r["iteration_s"][4:]) for r in (kept, default)]
         assert f"{medians[0]:.2f} against {medians[1]:.2f} s" in cost
+
+
+def test_the_padding_tables_are_the_committed_measurements() -> None:
+    """docs/cost.md's "Padding": the learner's padding and padded FLOPs under `hardware.length_groups` from the
+    committed phases runs, the GEMM-rate spread they showed, and every cell of the paired timing table (padding,
+    the one rectangle's median seconds, each setting's ratio) from `scripts/length_groups.py`'s committed JSON."""
+    cost = page("docs/cost.md")
+    section = cost[cost.index("### Padding") : cost.index("### Memory the kernel maps again")]
+    runs = json.loads((OUT / "cost" / "phases_length_groups.json").read_text())["runs"]
+    ppo = [runs[f"ppo/length_groups={k}"] for k in (1, 2, 4)]
+    cory = [runs[f"cory/length_groups={k}"] for k in (1, 2)]
+    assert "from 11.7 % to 4.0 % (k = 2) and 1.2 % (k = 4) for PPO" in section
+    assert [round(100 * r["padding"], 1) for r in ppo] == [11.7, 4.0, 1.2]
+    assert [round(r["learner_padded_gflop"]) for r in ppo] == [1039, 975, 954]
+    assert [round(100 * r["padding"], 1) for r in cory] == [12.5, 4.5]
+    assert [round(r["learner_padded_gflop"]) for r in cory] == [3307, 3067]
+    assert "1,039 to 975 and 954 GFLOP" in section and "3,307 to 3,067 GFLOP" in section
+    rates = [r["gemm_gflops"]["learner"] for r in runs.values()]
+    assert f"{min(rates):.0f}–{max(rates):.0f} GFLOP/s" in section
+    for shape in ("imdb", "observer", "ragged"):
+        report = json.loads((OUT / "cost" / f"length_groups_{shape}.json").read_text())
+        one, two, four = (report["settings"][k] for k in ("1", "2", "4"))
+        lines = (REPO / "docs" / "cost.md").read_text().splitlines()  # the table's rows, one per line
+        row = next(line for line in lines if line.startswith(f"| `{shape}`"))
+        assert f"| {report['rows']} rows" in row.replace(f"`{shape}`: ", "")
+        assert f"{100 * one['padding']:.1f} % ({one['s_median']:.2f} s)" in row
+        for got in (two, four):
+            assert f"{100 * got['padding']:.1f} %, **{got['vs_first']:.2f}×**" in row

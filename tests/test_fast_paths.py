@@ -245,3 +245,30 @@ def test_a_run_logs_the_same_numbers_with_and_without_kept_memory(tmp_path: Path
 
     kept, default = rows("true"), rows("false")
     assert len(kept) >= 3 and kept == default
+
+
+# ------------------------------------------------------------------------------------------------ length_groups
+@pytest.mark.long  # two CORY runs in subprocesses; the forward's equivalence itself is tests/test_agent.py's
+def test_a_run_in_length_groups_logs_the_numbers_of_one_rectangle_up_to_rounding(tmp_path: Path):
+    """`hardware.length_groups=3` changes the products' shapes, not what is computed: the smoke run of CORY logs the
+    same held-out evaluation before training and the same first iteration (both sample the same tokens: sampling
+    does not go through the grouped forward) within float32 rounding, stated here as 1e-4 relative or 1e-5
+    absolute per number. Later rows are not compared: a rounding difference in the weights may change a later
+    sampled token, after which the runs are two draws."""
+
+    def rows(groups: int) -> list[dict]:
+        run = tmp_path / str(groups)
+        run_cli("experiment=smoke", "algorithm=cory", "iterations=1", "progress=false",
+                f"hardware.length_groups={groups}", f"hydra.run.dir={run}",
+                f"cache_dir={tmp_path / 'cache'}")  # fmt: skip
+        return exact_rows(run)[:2]  # the evaluation at iteration 0, then iteration 1's training row
+
+    grouped, default = rows(3), rows(1)
+    assert [r["iteration"] for r in default] == [0, 1] and grouped[0].keys() == default[0].keys()
+    differ = 0
+    for got, want in zip(grouped, default):
+        assert got.keys() == want.keys()
+        for key, value in want.items():
+            assert got[key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
+            differ += got[key] != value
+    assert differ > 0  # the shapes did change: not the same rectangles under another name

@@ -417,6 +417,7 @@ DEGENERATE = {  # overrides → the one-line message starts with
     "eval_batch_size=0": "eval_batch_size=0: must be >= 1",
     "hardware.forward_batch_size=0": "hardware.forward_batch_size=0: must be >= 1",
     "hardware.generation_batch_size=-1": "hardware.generation_batch_size=-1: must be >= 1",
+    "hardware.length_groups=0": "hardware.length_groups=0: must be >= 1",
     "experiment=maft_smoke algorithm.generation.temperature=0": "algorithm.generation.temperature=0: must be > 0",
     "experiment=maft_smoke algorithm.sft.warmup=1": "algorithm.sft.warmup=1: must be in [0, 1)",
 }

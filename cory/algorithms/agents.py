@@ -118,6 +118,7 @@ class AgentSet:
                 device=context.device,
                 autocast_dtype=runtime.autocast_dtype(hw.precision),
                 forward_batch_size=hw.forward_batch_size,
+                length_groups=hw.length_groups,
                 add_special_tokens=backbone.add_special_tokens,
                 **parts,
                 backend=backend,

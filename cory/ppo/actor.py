@@ -129,7 +129,7 @@ class Actor:
             args = (p_ids[rows], p_mask[rows], r_ids[rows], r_mask[rows])
             with torch.enable_grad(), self.trainee.autocast():  # the first minibatch's forward, as the learner runs it
                 logits, values = forward_logits(
-                    self.trainee.forward_module(), *(a.to(device) for a in args), with_values=True
+                    self.trainee.forward_module(), *(a.to(device) for a in args), True, self.trainee.length_groups
                 )
             live = LiveForward(order, logits, values)
             back = torch.argsort(rows.to(device))  # the rows in their own order again, for the rollout's numbers
@@ -145,6 +145,7 @@ class Actor:
                 kl_estimator or self.kl_penalty,
                 self.trainee.forward_batch_size,
                 policy_out,
+                self.trainee.length_groups,
             )
         out = {k: v.cpu() for k, v in out.items()}
         texts = self.tokenizer.batch_decode(response_ids, skip_special_tokens=True)

@@ -187,6 +187,7 @@ class PPOConfig:
         device: str | torch.device = "cpu",
         autocast_dtype: torch.dtype | None = None,
         forward_batch_size: int = 64,
+        length_groups: int = 1,
         add_special_tokens: bool = False,
         backend: RolloutBackend | None = None,
     ) -> Agent:
@@ -203,6 +204,7 @@ class PPOConfig:
             device=device,
             autocast_dtype=autocast_dtype,
             forward_batch_size=forward_batch_size,
+            length_groups=length_groups,
         )
         learner = PPOLearner(self, trainee, advantage, loss)
         actor = Actor(
@@ -446,7 +448,7 @@ class PPOLearner:
             args = (mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask)
             with trainee.autocast():
                 logits, vpreds = forward_logits(
-                    trainee.forward_module(), *(a.to(device) for a in args), with_values=True
+                    trainee.forward_module(), *(a.to(device) for a in args), True, trainee.length_groups
                 )
         log_probs = torch.log_softmax(logits, dim=-1)  # once: the loss's log-probs and the entropy statistic read it
         logprobs = ppo_core.gather(log_probs, mb.response_ids.to(device))

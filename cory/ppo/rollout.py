@@ -215,8 +215,52 @@ def forward_logits(
     response_ids: torch.Tensor,
     response_mask: torch.Tensor,
     with_values: bool,
+    groups: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Response-aligned logits [B, T, V] (float32) and, for a policy with value head, values [B, T]."""
+    """Response-aligned logits [B, T, V] (float32) and, for a policy with value head, values [B, T].
+
+    `groups` > 1 runs the rows in up to that many forwards of similar length (`length_groups`), each padded only to
+    its own longest prompt and response, and puts the outputs back in row order and width, zero at the positions
+    the group did not compute (response padding, which every reader masks). The model and the numbers are the
+    same; the products' shapes are not, so their float rounding differs (docs/cost.md, "Padding")."""
+    if groups <= 1 or len(prompt_ids) <= 1:
+        return _forward_logits(model, prompt_ids, prompt_mask, response_ids, response_mask, with_values)
+    P, T = prompt_ids.shape[1], response_ids.shape[1]
+    p_len, r_len = prompt_mask.sum(1).tolist(), response_mask.sum(1).tolist()
+    split = length_groups(p_len, r_len, groups)
+    if len(split) == 1:  # no split saves positions: the rectangle as it is
+        return _forward_logits(model, prompt_ids, prompt_mask, response_ids, response_mask, with_values)
+    logits = values = None
+    for idx in split:
+        p = max(1, max(p_len[i] for i in idx))  # left padding: a row's prompt is its last p_len columns
+        r = max(r_len[i] for i in idx)  # right padding: its response is its first r_len columns
+        sel = torch.as_tensor(idx, device=prompt_ids.device)
+        out, vals = _forward_logits(
+            model,
+            prompt_ids[sel, P - p :],
+            prompt_mask[sel, P - p :],
+            response_ids[sel, :r],
+            response_mask[sel, :r],
+            with_values,
+        )
+        if logits is None:  # one full-width output, each group written into its rows (no padded copies)
+            logits = out.new_zeros(len(prompt_ids), T, out.shape[-1])
+            values = vals.new_zeros(len(prompt_ids), T) if vals is not None else None
+        logits[sel, :r] = out
+        if values is not None:
+            values[sel, :r] = vals
+    return logits, values
+
+
+def _forward_logits(
+    model: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    response_ids: torch.Tensor,
+    response_mask: torch.Tensor,
+    with_values: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`forward_logits` of one padded rectangle."""
     P, T = prompt_ids.shape[1], response_ids.shape[1]
     input_ids = torch.cat([prompt_ids, response_ids], dim=1)
     attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
@@ -240,6 +284,42 @@ def forward_logits(
     return out.logits[:, :-1].float(), None
 
 
+def length_groups(prompt_lengths: list[int], response_lengths: list[int], groups: int) -> list[list[int]]:
+    """Rows split into at most `groups` groups whose padded rectangles hold the fewest positions.
+
+    A group of rows costs (its rows) × (its longest prompt + its longest response) positions in a forward. Rows are
+    ordered by total length, longest first (ties by row index), and cut into contiguous runs of that order by dynamic
+    programming over the cut points, which is exact for that order; of equally cheap splits, the one with fewer
+    groups. Returns the groups' row indices, longest first; one group (every row, in row order) when `groups` is 1.
+    """
+    n = len(prompt_lengths)
+    if groups <= 1 or n <= 1:
+        return [list(range(n))]
+    order = sorted(range(n), key=lambda i: (-(prompt_lengths[i] + response_lengths[i]), i))
+
+    cost = {}  # (a, b) -> positions of rows order[a:b] as one rectangle, with running maxima: O(n²)
+    for a in range(n):
+        longest_prompt = longest_response = 0
+        for b in range(a + 1, n + 1):
+            longest_prompt = max(longest_prompt, prompt_lengths[order[b - 1]])
+            longest_response = max(longest_response, response_lengths[order[b - 1]])
+            cost[(a, b)] = (b - a) * (longest_prompt + longest_response)
+    k_max = min(groups, n)
+    best = {(1, b): (cost[(0, b)], [b]) for b in range(1, n + 1)}  # (groups, rows covered) -> (positions, cuts)
+    for k in range(2, k_max + 1):
+        for b in range(k, n + 1):
+            splits = ((best[(k - 1, a)][0] + cost[(a, b)], [*best[(k - 1, a)][1], b]) for a in range(k - 1, b))
+            best[(k, b)] = min(splits)
+    total, cuts = best[(1, n)]
+    for k in range(2, k_max + 1):  # a group more only where it saves positions (each forward has its own overhead)
+        if best[(k, n)][0] < total:
+            total, cuts = best[(k, n)]
+    if len(cuts) == 1:
+        return [list(range(n))]
+    bounds = [0, *cuts]
+    return [order[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
 @torch.no_grad()
 def score_forward(
     policy: torch.nn.Module,
@@ -251,21 +331,23 @@ def score_forward(
     kl_estimator: str,
     batch_size: int,
     policy_out: tuple[torch.Tensor, torch.Tensor] | None = None,
+    groups: int = 1,
 ) -> dict[str, torch.Tensor]:
     """Rollout-time log-probs, reference log-probs, values, per-token KL and entropy, all [B, T].
 
     Runs in micro-batches of `batch_size`; full distributions live only inside one micro-batch. `policy_out`: the
     policy's logits [B, T, V] and values [B, T] already computed (detached, in row order), read instead of its forward.
+    `groups`: each micro-batch's forwards in up to that many length groups (`forward_logits`).
     """
     parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("logprobs", "ref_logprobs", "values", "kls", "entropy")}
     for s in range(0, len(prompt_ids), batch_size):
         sl = slice(s, s + batch_size)
         args = (prompt_ids[sl], prompt_mask[sl], response_ids[sl], response_mask[sl])
         if policy_out is None:
-            logits, values = forward_logits(policy, *args, with_values=True)
+            logits, values = forward_logits(policy, *args, with_values=True, groups=groups)
         else:
             logits, values = policy_out[0][sl], policy_out[1][sl]
-        ref_logits, _ = forward_logits(ref_model, *args, with_values=False)
+        ref_logits, _ = forward_logits(ref_model, *args, with_values=False, groups=groups)
         tokens = response_ids[sl]
         # each log-softmax once: the log-probs, the full KL and the entropy all read it
         log_probs, ref_log_probs = F.log_softmax(logits, dim=-1), F.log_softmax(ref_logits, dim=-1)

@@ -23,6 +23,7 @@ import torch
 
 from cory import distributed, engines
 from cory.checkpoints import tensors_of
+from cory.errors import ConfigError
 from cory.policy import PolicyWithValueHead
 
 OPTIMIZER_STATE = "optimizer.pt"
@@ -50,6 +51,8 @@ class Trainee:
         train_value_head: whether its value head is among the stepped parameters (an actor whose values come from a
             critic of its own; not a critic-free actor, nor one that reads a centralised critic).
         device, autocast_dtype, forward_batch_size: placement, mixed precision, micro-batch of no-grad forwards.
+        length_groups: its forwards in up to this many groups of similar length (`cory.ppo.rollout.forward_logits`);
+            one process only (a data-parallel or sharded forward pairs with its own backward and its own gathers).
     """
 
     def __init__(
@@ -62,12 +65,19 @@ class Trainee:
         device: str | torch.device = "cpu",
         autocast_dtype: torch.dtype | None = None,
         forward_batch_size: int = 64,
+        length_groups: int = 1,
     ) -> None:
         self.name, self.policy, self.seed = name, policy, seed
         self.optimization, self.train_value_head = optimization, train_value_head
         self.device = torch.device(device)
         self.autocast_dtype, self.forward_batch_size = autocast_dtype, forward_batch_size
+        self.length_groups = length_groups
         self.engine = self._new_engine()
+        if length_groups > 1 and (self.engine.processes.count > 1 or self.engine.sharded):
+            raise ConfigError(
+                f"hardware.length_groups={length_groups} needs one process: several forwards before one backward "
+                "break data-parallel gradient exchange and sharded gathers; use hardware.length_groups=1 here"
+            )
         # TRL draws minibatch permutations from numpy's legacy global RNG; a RandomState(seed) gives the same
         # sequence as `np.random.seed(seed)` while keeping each trainee's stream its own (docs/method.md §1.5)
         self.rng = np.random.RandomState(seed)

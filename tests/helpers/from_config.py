@@ -70,6 +70,7 @@ def agent_from(cfg: DictConfig, backbone, reference, name: str = "llm1", seed: i
         device=backbone.device,
         autocast_dtype=runtime.autocast_dtype(cfg.hardware.precision),
         forward_batch_size=cfg.hardware.forward_batch_size,
+        length_groups=cfg.hardware.get("length_groups", 1),
         add_special_tokens=backbone.add_special_tokens,
         **parts(cfg),
     )
