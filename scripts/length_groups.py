@@ -31,6 +31,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from cory.errors import entry_point, fail  # noqa: E402 - light (no torch); the boundary must wrap the slow imports
+
 SHAPES = ("imdb", "observer", "ragged")
 
 
@@ -49,10 +52,21 @@ def lengths(shape: str, rows: int, seed: int) -> tuple[list[int], list[int]]:
     return prompts, responses
 
 
+def _counts(text: str) -> list[int]:
+    """`--groups 1,2,4` → [1, 2, 4]."""
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not whole numbers separated by commas") from None
+
+
+@entry_point()  # a mistyped override, a missing model, Ctrl-C: one line (exit 2, or 130), a bug: its traceback
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", choices=SHAPES, default="observer", help="the rows' lengths (default observer)")
-    parser.add_argument("--groups", type=int, nargs="+", default=[1, 2, 4], help="settings to time (default 1 2 4)")
+    parser.add_argument(
+        "--groups", type=_counts, default=[1, 2, 4], help="settings to time, comma-separated (default 1,2,4)"
+    )
     parser.add_argument("--rows", type=int, default=16, help="rows in the batch (default 16)")
     parser.add_argument("--repeat", type=int, default=6, help="timed rounds (default 6)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the lengths and tokens (default 0)")
@@ -61,9 +75,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides naming the model, e.g. experiment=smoke")
     args = parser.parse_args(argv)
     if args.repeat < 1 or args.rows < 1 or min(args.groups) < 1:
-        parser.error("--repeat, --rows and every --groups value must be >= 1")
+        fail("--repeat, --rows and every --groups value must be >= 1")
+    if args.out is not None:  # before minutes of timing, not after them
+        try:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.touch()
+        except OSError as err:
+            fail(f"--out {args.out}: cannot write ({err.strerror or type(err).__name__})")
 
-    sys.path.insert(0, str(ROOT))
+    from cory.cli import check_composes
+
+    check_composes(args.overrides)  # a mistyped override is a ConfigError: one line, as cory.train says it
     import torch
     from hydra import compose, initialize_config_dir
 

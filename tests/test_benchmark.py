@@ -465,7 +465,7 @@ def test_length_groups_times_each_setting_on_one_batch_and_counts_its_rectangles
     rectangle: rows × (longest prompt + longest answer)); the JSON it prints is the one it writes."""
     script = _load("length_groups")
     out_file = tmp_path / "ab.json"
-    argv = ["--repeat", "2", "--groups", "1", "2", "4", "--shape", "observer", "--out", str(out_file)]
+    argv = ["--repeat", "2", "--groups", "1,2,4", "--shape", "observer", "--out", str(out_file)]
     assert script.main([*argv, "experiment=smoke"]) == 0
     out = capsys.readouterr().out
     report = json.loads(out[out.index("{\n") :])
@@ -486,3 +486,30 @@ def test_length_groups_times_each_setting_on_one_batch_and_counts_its_rectangles
     for got in report["settings"].values():
         assert len(got["seconds"]) == 2 and got["s_min"] <= got["s_median"] <= got["s_max"] and got["s_min"] > 0
         assert got["padding"] == pytest.approx(1 - report["tokens"] / got["positions"])
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["model=gpt2", "model.name_or_path=/nonexistent"], "error: Cannot load the model '/nonexistent'"),
+        (["experiment=smok"], "error: experiment=smok: no such option; did you mean experiment=smoke?"),
+        (["--out", "/proc/none/ab.json", "experiment=smoke"], "error: --out /proc/none/ab.json: cannot write"),
+        (
+            ["--groups", "0", "--rows", "4", "experiment=smoke"],
+            "error: --repeat, --rows and every --groups value must be >= 1",
+        ),
+    ],
+)
+def test_length_groups_refuses_what_it_cannot_run_in_one_line(args, says):
+    """A missing model, a mistyped override, an unwritable output (checked before any timing) or a setting out of
+    range: one line on stderr, exit code 2, no traceback."""
+    out = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "length_groups.py"), "--repeat", "1", *args],
+        capture_output=True,
+        text=True,
+        env=os.environ | {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+        timeout=120,
+    )
+    assert out.returncode == 2, out.stderr[-2000:]
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], out.stderr[-2000:]
