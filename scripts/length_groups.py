@@ -23,7 +23,6 @@ to the first setting's (one rectangle, by default).
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import sys
@@ -33,6 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from cory.errors import entry_point, fail  # noqa: E402 - light (no torch); the boundary must wrap the slow imports
+from cory.studies import command  # noqa: E402 - light too: what every study command writes its output with
 
 SHAPES = ("imdb", "observer", "ragged")
 
@@ -60,7 +60,8 @@ def _counts(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"{text!r} is not whole numbers separated by commas") from None
 
 
-@entry_point()  # a mistyped override, a missing model, Ctrl-C: one line (exit 2, or 130), a bug: its traceback
+# a mistyped override, a missing model, an unwritable --out, Ctrl-C: one line (exit 2, or 130); a bug: its traceback
+@entry_point(expected=(command.StudyError,))
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", choices=SHAPES, default="observer", help="the rows' lengths (default observer)")
@@ -77,11 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeat < 1 or args.rows < 1 or min(args.groups) < 1:
         fail("--repeat, --rows and every --groups value must be >= 1")
     if args.out is not None:  # before minutes of timing, not after them
-        try:
+        with command.output(args.out):
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.touch()
-        except OSError as err:
-            fail(f"--out {args.out}: cannot write ({err.strerror or type(err).__name__})")
 
     from cory.cli import check_composes
 
@@ -92,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     from cory.build import load_model
     from cory.policy import PolicyWithValueHead
     from cory.ppo import core as ppo_core
-    from cory.ppo.rollout import forward_logits, length_groups, pad
+    from cory.ppo.rollout import forward_logits, group_widths, length_groups, pad
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -126,9 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = {}
     for groups, ts in seconds.items():
         split = length_groups(prompts, responses, groups)
-        positions = sum(len(s) * (max(1, *(prompts[i] for i in s)) + max(responses[i] for i in s)) for s in split)
-        if len(split) == 1:  # one rectangle: the batch's own padded width
-            positions = args.rows * (max(prompts) + max(responses))
+        positions = sum(len(s) * sum(group_widths(s, prompts, responses)) for s in split)
         settings[str(groups)] = {
             "forwards": len(split),
             "positions": positions,
@@ -150,11 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         "tokens": real,
         "settings": settings,
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    command.emit_json(report, args.out)
     return 0
 
 

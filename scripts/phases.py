@@ -24,12 +24,11 @@ forward 2·N·n for the N non-embedding weights and n tokens, 2·d·V per LM-hea
 4·layers·d·n² for attention; a backward is twice its forward. `learner_padded_gflop` counts the same on the padded
 rectangles the minibatches multiply (one per length group under `hardware.length_groups`). `learner_floor_s` =
 that ÷ the GEMM rate, and `learner_vs_floor` is (forward + backward) ÷ floor — 1.0 would mean nothing but matrix
-products. `sample_floor_s` is the same for the
-whole generation: each call's prompt forward (rows × padded prompt tokens, at the large-row rate) plus its decode
-steps (2·N + 2·d·V FLOPs per row and step, attention over the cache, at the batch's rate); `sample_vs_floor` is
-`sample` ÷ that. `s_per_decode_step` divides `sample` by the steps (the prompt forward included), and
-`decode_floor_s` is one step's matrix products alone.
-`padding` is the share of the learner's forward tokens that are padding.
+products. `sample_floor_s` is the same for the whole generation: each call's prompt forward (rows × padded prompt
+tokens, at the large-row rate) plus its decode steps (2·N + 2·d·V FLOPs per row and step, attention over the cache, at
+the batch's rate); `sample_vs_floor` is `sample` ÷ that. `s_per_decode_step` divides `sample` by the steps (the prompt
+forward included), and `decode_floor_s` is one step's matrix products alone. `padding` is the share of the learner's
+forward tokens that are padding.
 """
 
 from __future__ import annotations
@@ -152,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             if len(split) == 1:
                 rectangles = [(prompt_ids.shape[0], prompt_ids.shape[1], response_ids.shape[1])]
             else:
-                rectangles = [(len(g), max(1, *(prompts[i] for i in g)), max(responses[i] for i in g)) for g in split]
+                rectangles = [(len(g), *rollout.group_widths(g, prompts, responses)) for g in split]
             shapes["learner"].append((rectangles, [a + b for a, b in zip(prompts, responses)], responses))
 
     def count_decode(

@@ -493,7 +493,10 @@ def test_length_groups_times_each_setting_on_one_batch_and_counts_its_rectangles
     [
         (["model=gpt2", "model.name_or_path=/nonexistent"], "error: Cannot load the model '/nonexistent'"),
         (["experiment=smok"], "error: experiment=smok: no such option; did you mean experiment=smoke?"),
-        (["--out", "/proc/none/ab.json", "experiment=smoke"], "error: --out /proc/none/ab.json: cannot write"),
+        (
+            ["--out", "/proc/none/ab.json", "experiment=smoke"],
+            "error: cannot write /proc/none (No such file or directory); choose a writable --out",
+        ),
         (
             ["--groups", "0", "--rows", "4", "experiment=smoke"],
             "error: --repeat, --rows and every --groups value must be >= 1",

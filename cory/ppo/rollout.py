@@ -223,45 +223,29 @@ def forward_logits(
     its own longest prompt and response, and puts the outputs back in row order and width, zero at the positions
     the group did not compute (response padding, which every reader masks). The model and the numbers are the
     same; the products' shapes are not, so their float rounding differs (docs/cost.md, "Padding")."""
-    if groups <= 1 or len(prompt_ids) <= 1:
-        return _forward_logits(model, prompt_ids, prompt_mask, response_ids, response_mask, with_values)
     P, T = prompt_ids.shape[1], response_ids.shape[1]
-    p_len, r_len = prompt_mask.sum(1).tolist(), response_mask.sum(1).tolist()
-    split = length_groups(p_len, r_len, groups)
-    if len(split) == 1:  # no split saves positions: the rectangle as it is
-        return _forward_logits(model, prompt_ids, prompt_mask, response_ids, response_mask, with_values)
-    logits = values = None
-    for idx in split:
-        p = max(1, max(p_len[i] for i in idx))  # left padding: a row's prompt is its last p_len columns
-        r = max(r_len[i] for i in idx)  # right padding: its response is its first r_len columns
-        sel = torch.as_tensor(idx, device=prompt_ids.device)
-        out, vals = _forward_logits(
-            model,
-            prompt_ids[sel, P - p :],
-            prompt_mask[sel, P - p :],
-            response_ids[sel, :r],
-            response_mask[sel, :r],
-            with_values,
-        )
-        if logits is None:  # one full-width output, each group written into its rows (no padded copies)
-            logits = out.new_zeros(len(prompt_ids), T, out.shape[-1])
-            values = vals.new_zeros(len(prompt_ids), T) if vals is not None else None
-        logits[sel, :r] = out
-        if values is not None:
-            values[sel, :r] = vals
-    return logits, values
-
-
-def _forward_logits(
-    model: torch.nn.Module,
-    prompt_ids: torch.Tensor,
-    prompt_mask: torch.Tensor,
-    response_ids: torch.Tensor,
-    response_mask: torch.Tensor,
-    with_values: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`forward_logits` of one padded rectangle."""
-    P, T = prompt_ids.shape[1], response_ids.shape[1]
+    if groups > 1:  # (`length_groups` keeps a single row as one group)
+        p_len, r_len = prompt_mask.sum(1).tolist(), response_mask.sum(1).tolist()
+        split = length_groups(p_len, r_len, groups)
+        if len(split) > 1:  # else no split saves positions: the rectangle as it is, below
+            logits = values = None
+            for idx in split:
+                p, r = group_widths(idx, p_len, r_len)  # left-padded prompts, right-padded responses
+                sel = torch.as_tensor(idx, device=prompt_ids.device)
+                args = (
+                    prompt_ids[sel, P - p :],
+                    prompt_mask[sel, P - p :],
+                    response_ids[sel, :r],
+                    response_mask[sel, :r],
+                )
+                out, vals = forward_logits(model, *args, with_values)
+                if logits is None:  # one full-width output, each group written into its rows (no padded copies)
+                    logits = out.new_zeros(len(prompt_ids), T, out.shape[-1])
+                    values = vals.new_zeros(len(prompt_ids), T) if vals is not None else None
+                logits[sel, :r] = out
+                if values is not None:
+                    values[sel, :r] = vals
+            return logits, values
     input_ids = torch.cat([prompt_ids, response_ids], dim=1)
     attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
     position_ids = (torch.cumsum(attention_mask, dim=1) - 1).clamp(min=0)
@@ -318,6 +302,12 @@ def length_groups(prompt_lengths: list[int], response_lengths: list[int], groups
         return [list(range(n))]
     bounds = [0, *cuts]
     return [order[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+def group_widths(rows: list[int], prompt_lengths: list[int], response_lengths: list[int]) -> tuple[int, int]:
+    """The prompt and response widths of the rectangle a forward over `rows` multiplies: their longest prompt (at least
+    the one column whose logits predict the first response token) and their longest response."""
+    return max(1, *(prompt_lengths[i] for i in rows)), max(response_lengths[i] for i in rows)
 
 
 @torch.no_grad()
