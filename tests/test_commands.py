@@ -11,7 +11,8 @@ and `bash scripts/<name>.sh`. A new command (GSM8K, figures, MAFT) is covered as
   `sweep=` file, and each job's config validates (as if CUDA were present: GPU commands are composed, not run;
   a local path the reader is told to replace may be missing). Its run and sweep folder names resolve. A command
   whose jobs are all CPU-tiny (`model=tiny_gpt2`) and that uses the basic launcher is also run, in-process,
-  with its output folder in a tmp folder (other launchers are run by tests/test_sweeps.py).
+  with its output folder in a tmp folder (other launchers are run by tests/test_sweeps.py); one under DeepSpeed
+  or FSDP is run by the long test `test_every_printed_sharded_command_runs` (`make test-long`).
 - another `python -m cory.<module>`: `--cfg job` composes it through its own entrypoint.
 - a study command (`cory-plot curves ...`, `python -m cory.studies.<module> ...`): the command and its sub-command
   exist (and its mode, for a command of modes: `cory-report claim2 plan ...`), its `--help` (the mode's) lists every
@@ -243,6 +244,12 @@ def _tiny(cfgs: list) -> bool:
     return all(c.model._target_.endswith("build_tiny_gpt2") and c.hardware.device == "cpu" for c in cfgs)
 
 
+# A tiny command under DeepSpeed or FSDP starts a process group and an engine per agent (15 s to minutes on a
+# loaded machine): `make test` composes it, and `make test-long` (CI) runs it.
+SHARDED = re.compile(r"hardware=(deepspeed_zero\d|fsdp)\b")
+SHARDED_COMMANDS = [(w, c) for w, c in COMMANDS if _kind(c) == "module:cory.train" and SHARDED.search(c)]
+
+
 @pytest.mark.parametrize(("where", "line"), COMMANDS, ids=[f"{w}: {c}" for w, c in COMMANDS])
 def test_every_printed_command_runs_or_composes(where, line, tmp_path, monkeypatch, capsys):
     if TEMPLATE.search(" ".join(_tokens(line))):  # comments may show placeholders, commands may not
@@ -265,7 +272,7 @@ def test_every_printed_command_runs_or_composes(where, line, tmp_path, monkeypat
         ):  # the scripts that pass Hydra overrides
             _validate_as_if_cuda(_compose(tuple(overrides)), line, monkeypatch)
     elif name == "cory.train":
-        _check_train_command(line, tmp_path, monkeypatch, capsys)
+        _check_train_command(line, tmp_path, monkeypatch, capsys, run_sharded=False)
     else:  # another Hydra entrypoint: its own composition
         out = subprocess.run(
             [sys.executable, "-m", name, *_args(line), "--cfg", "job"],
@@ -278,7 +285,13 @@ def test_every_printed_command_runs_or_composes(where, line, tmp_path, monkeypat
         assert out.returncode == 0, out.stderr[-2000:]
 
 
-def _check_train_command(line: str, tmp_path: Path, monkeypatch, capsys) -> None:
+@pytest.mark.long
+@pytest.mark.parametrize(("where", "line"), SHARDED_COMMANDS, ids=[f"{w}: {c}" for w, c in SHARDED_COMMANDS])
+def test_every_printed_sharded_command_runs(where, line, tmp_path, monkeypatch, capsys):
+    _check_train_command(line, tmp_path, monkeypatch, capsys, run_sharded=True)
+
+
+def _check_train_command(line: str, tmp_path: Path, monkeypatch, capsys, run_sharded: bool) -> None:
     args = _args(line)
     flags = [a for a in args if a.startswith("-")]
     overrides = [a for a in args if not a.startswith("-") and a not in ("job", "hydra", "all")]
@@ -291,6 +304,9 @@ def _check_train_command(line: str, tmp_path: Path, monkeypatch, capsys) -> None
     sweep = "-m" in flags or "--multirun" in flags or any(o.startswith("sweep=") for o in overrides)
     launcher = next((o for o in hydra_overrides if o.startswith("hydra/launcher=")), None)
     if not _tiny(cfgs) or "--cfg" in flags or launcher is not None:
+        return
+    if not run_sharded and any(c.hardware.get("engine") in ("deepspeed", "fsdp") for c in cfgs):
+        assert SHARDED.search(line), f"{line}: a sharded engine the long test would not run"
         return
     where = f"hydra.sweep.dir={tmp_path / 'sweep'}" if sweep else f"hydra.run.dir={tmp_path / 'run'}"
     code, err = run_main(monkeypatch, capsys, *args, where, f"cache_dir={tmp_path / 'cache'}")

@@ -120,8 +120,16 @@ def test_every_experiment_composes_validates_and_binds(experiment):
     _expect_valid(cfg, gpu=str(cfg.hardware.device).startswith("cuda"))
 
 
-@pytest.mark.parametrize("algorithm", GROUPS["algorithm"])
-@pytest.mark.parametrize("experiment", EXPERIMENTS)
+# Every experiment with PPO and CORY, and every algorithm with the smoke experiment, in `make test`; the rest of the
+# product (some 430 pairs, about two minutes) in `make test-long`, which CI runs too.
+PAIRS = [
+    pytest.param(e, a, marks=() if a in ("ppo", "cory") or e == "smoke" else pytest.mark.long)
+    for e in EXPERIMENTS
+    for a in GROUPS["algorithm"]
+]
+
+
+@pytest.mark.parametrize(("experiment", "algorithm"), PAIRS)
 def test_every_experiment_with_each_algorithm_runs_or_is_refused_in_one_line(experiment, algorithm):
     """Most experiments leave the algorithm free; one that sets CORY-only keys must be refused for PPO by
     `validate`, naming the key, not crash inside Hydra's instantiate."""

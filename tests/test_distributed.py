@@ -1,7 +1,7 @@
 """Data parallel through accelerate (`cory/distributed.py`): two gloo processes on the CPU, launched by `torchrun`.
 
 1. The engine on fixed rollouts (`helpers/data_parallel.py`): 2 processes × B rows give the same update as
-   1 process × 2B rows, for PPO (one agent, full fine-tuning) and CORY (two agents, each its own Adam, two LoRA
+   1 process × 2B rows, for PPO (one agent, full fine-tuning; long) and CORY (two agents, each its own Adam, two LoRA
    adapters on one base, the shared reference that base without adapters).
    Why fixed rollouts and not two `cory.train` runs: each process samples its own slice with its own RNG stream
    (seed + rank), so sampled tokens, and hence everything after, differ from a 1-process run; only the learn step
@@ -18,7 +18,7 @@
    We allow 2e-5 for any element and 1e-7 for all but 0.5 % of them. An engine that did not average (each
    process stepping on its own half) misses by 4e-3, with 68 % of the elements off by more than 1e-4.
 2. `cory.train` end to end: the run finishes, rank 0 alone writes the run folder, both processes end with identical
-   weights; a 2-process run resumed from a checkpoint logs the same rows again (long).
+   weights (long); a 2-process run resumed from a checkpoint logs the same rows again (long).
 3. DeepSpeed ZeRO-2 and ZeRO-3 (`cory/engines.py`): on one process each trains as torch's Adam (ZeRO-3 also
    generating on gathered weights and scoring with a sharded reference); on 2 processes, on the fixed rollouts of
    1., each gives the update of torch's Adam on one process with the whole batch (same tolerance), and the engines
@@ -76,7 +76,9 @@ def _flat(params: dict[str, torch.Tensor]) -> torch.Tensor:
     return torch.cat([params[k].flatten() for k in sorted(params, key=int)])
 
 
-@pytest.mark.parametrize("algorithm", ["ppo", "cory"])
+# CORY (two agents, LoRA adapters on one base, the reference without them) in `make test`; PPO's one agent in the
+# long tests, which CI runs too (two torchrun processes, 20-30 s each)
+@pytest.mark.parametrize("algorithm", [pytest.param("ppo", marks=pytest.mark.long), "cory"])
 def test_two_processes_update_as_one_process_with_the_whole_batch(tmp_path: Path, algorithm: str) -> None:
     _run([sys.executable, str(WORKER), str(tmp_path / "one"), algorithm, "--emulate", "2"])
     _run([_torchrun(), "--standalone", "--nproc_per_node", "2", str(WORKER), str(tmp_path / "two"), algorithm])
@@ -336,6 +338,7 @@ def test_sharding_on_two_processes_updates_as_one_process_and_shares_its_checkpo
         assert diff.max() <= 2e-2 * LEARNING_RATE, (name, diff.max())
 
 
+@pytest.mark.long  # `cory.train` end to end on two torchrun processes, 20-25 s each: `make test-long` (CI too)
 @pytest.mark.parametrize("algorithm", ["ppo", "cory"])
 def test_two_gloo_processes_stay_in_sync(tmp_path: Path, algorithm: str) -> None:
     run_dir = tmp_path / "run"

@@ -400,7 +400,11 @@ def test_three_actors_answer_alone_and_one_critic_reads_all_three():
 
 # --------------------------------------------------------------------------------------------- through the entry point
 @pytest.mark.slow
-@pytest.mark.parametrize("algorithm", ["cory_ccpo", "cory_chain3", "mappo3", "cory_teamtr"])
+# The chain of three (three agents, three roles) in `make test`; the others, 11-15 s each, in `make test-long` (CI too)
+@pytest.mark.parametrize(
+    "algorithm",
+    [pytest.param(a, marks=pytest.mark.long) for a in ("cory_ccpo", "mappo3", "cory_teamtr")] + ["cory_chain3"],
+)
 def test_a_resumed_run_of_each_new_method_equals_an_uninterrupted_one(tmp_path, algorithm):
     args = (f"algorithm={algorithm}", "eval_every=2", "num_eval=4", "save_every=2")
     start_run(tmp_path, tmp_path / "whole", *args, "iterations=4")
