@@ -121,7 +121,7 @@ def test_every_experiment_composes_validates_and_binds(experiment):
 
 
 # Every experiment with PPO and CORY, and every algorithm with the smoke experiment, in `make test`; the rest of the
-# product (some 430 pairs, about two minutes) in `make test-long`, which CI runs too.
+# product (420 pairs, about two minutes) in `make test-long`, which CI runs too.
 PAIRS = [
     pytest.param(e, a, marks=() if a in ("ppo", "cory") or e == "smoke" else pytest.mark.long)
     for e in EXPERIMENTS
