@@ -414,19 +414,28 @@ def test_a_two_process_cory_run_resumes_exactly(tmp_path: Path, engine: str) -> 
 
 
 # (signal, to whom, training rows logged before it): the delay after that row is drawn from a seeded RNG
-KILLS = [(signal.SIGKILL, "all", 1), (signal.SIGTERM, "rank1", 2), (signal.SIGKILL, "all", 3)]
+# (signal, whom, after how many training rows): a lost node (SIGKILL to every process), a scheduler's signal that
+# reaches one process (rank 1 or rank 0), and Ctrl-C in torchrun's terminal (SIGINT to the launcher, which stops
+# its workers)
+KILLS = [
+    (signal.SIGKILL, "all", 1),
+    (signal.SIGTERM, "rank1", 2),
+    (signal.SIGKILL, "all", 3),
+    (signal.SIGTERM, "rank0", 1),
+    (signal.SIGINT, "launcher", 2),
+]
 
 
-@pytest.mark.long  # about 65 s on 2 CPUs per seed
+@pytest.mark.long  # 2-3 min per seed on 2 loaded CPUs
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_two_process_fsdp_run_killed_or_stopped_anywhere_resumes_exactly(tmp_path: Path, seed: int) -> None:
     """Under FSDP a resumed process runs its forwards in another order than an uninterrupted one: its first is a
     rollout's (a block of the policy, under the lean decode), not an evaluation's through the policy. A run killed
-    with SIGKILL (every process at once, as a lost node) or stopped by SIGTERM to one process, at seeded moments
-    after several iterations (generating, scoring, updating or writing a checkpoint), and resumed, logs the same
-    rows as the uninterrupted run. Three seeds of moments: nine trials, each compared row for row (a probe of
-    2026-12-05 had seen one of four trials differ; none has since, here or in fifteen more trials by hand, ten of
-    which stopped the run before its end)."""
+    with SIGKILL (every process at once, as a lost node), stopped by SIGTERM to one process (rank 1 or rank 0) or by
+    Ctrl-C to torchrun, at seeded moments after several iterations (generating, scoring, updating or writing a
+    checkpoint), and resumed, logs the same rows as the uninterrupted run. Three seeds of moments: fifteen trials,
+    each compared row for row (a probe of 2026-12-05 had seen one of four trials differ; none has since, here or in
+    the trials by hand listed in docs/guarantees.md)."""
     hardware = (*sharded_cpu("fsdp"), "model.lora.enabled=false")
 
     def start(run_dir: Path) -> list[str]:
@@ -453,8 +462,10 @@ def test_a_two_process_fsdp_run_killed_or_stopped_anywhere_resumes_exactly(tmp_p
             if whom == "all":
                 for process in [*workers, psutil.Process(launcher.pid)]:
                     process.send_signal(sig)
+            elif whom == "launcher":
+                psutil.Process(launcher.pid).send_signal(sig)
             else:
-                next(p for p in workers if p.environ().get("RANK") == "1").send_signal(sig)
+                next(p for p in workers if p.environ().get("RANK") == whom.removeprefix("rank")).send_signal(sig)
             _, err = launcher.communicate(timeout=300)
         finally:
             for process in [*workers, launcher]:
