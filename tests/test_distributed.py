@@ -413,10 +413,9 @@ def test_a_two_process_cory_run_resumes_exactly(tmp_path: Path, engine: str) -> 
     assert again == first
 
 
-# (signal, to whom, training rows logged before it): the delay after that row is drawn from a seeded RNG
-# (signal, whom, after how many training rows): a lost node (SIGKILL to every process), a scheduler's signal that
-# reaches one process (rank 1 or rank 0), and Ctrl-C in torchrun's terminal (SIGINT to the launcher, which stops
-# its workers)
+# (signal, to whom, training rows logged before it; the delay after that row is drawn from a seeded RNG): a lost
+# node (SIGKILL to every process), a scheduler's signal that reaches one process (rank 1 or rank 0), and Ctrl-C in
+# torchrun's terminal (SIGINT to the launcher, which stops its workers)
 KILLS = [
     (signal.SIGKILL, "all", 1),
     (signal.SIGTERM, "rank1", 2),
