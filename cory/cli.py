@@ -388,7 +388,10 @@ def explain(err: BaseException, overrides: Sequence[str]) -> str:
             + (f" ({', '.join(_users_of(group))})" if _users_of(group) else "")
         )
     if match := re.search(r"Could not override '([^']+)'", text):
-        return _unknown_key(match.group(1), overrides)
+        key, inner = match.group(1), _missing_inner_key(err)
+        if inner is not None and inner.startswith(key + "."):  # `key={...}`: the key exists, one inside does not
+            return _unknown_inner_key(key, inner, overrides)
+        return _unknown_key(key, overrides)
     if match := re.search(r"Could not find '([^']+)/([^/']+)'", text):
         group, option = match.groups()
         listed = re.search(rf"Available options in '{re.escape(group)}': (.*)$", text)
@@ -436,6 +439,34 @@ def _unknown_key(key: str, overrides: Sequence[str]) -> str:
     return (
         f"{raw}: no key {key} in the config ({parent or 'the top level'} has {shown}; --cfg job prints every key); "
         f"to add a key the config does not have on purpose (an argument its _target_ takes): +{key}={value}"
+    )
+
+
+def _missing_inner_key(err: BaseException) -> str | None:
+    """The full key OmegaConf refused under Hydra's "Could not override" (`task.reward.value` for
+    `task.reward={...,value:1}`), found in the chain of causes; None if none names one."""
+    seen: BaseException | None = err.__cause__
+    while seen is not None:
+        if isinstance(getattr(seen, "full_key", None), str) and seen.full_key:
+            return seen.full_key
+        seen = seen.__cause__
+    return None
+
+
+def _unknown_inner_key(key: str, inner: str, overrides: Sequence[str]) -> str:
+    """`key={..., x: v}` where `key` has no `x`: Hydra merges a dict value into the node key by key, so the new key is
+    refused. Name it and the node's keys, and both ways on: the key typed wrong, or a whole new node in the old one's
+    place (`~key '+key={...}'`: delete, then add)."""
+    raw = _override_of(key, overrides)
+    value = raw.split("=", 1)[1] if "=" in raw else "{...}"
+    known = _known_keys([o for o in overrides if o != raw])
+    guess = _closest_key(inner, {k for k in known if k.startswith(key + ".")})
+    have = sorted({k[len(key) + 1 :].split(".")[0] for k in known if k.startswith(key + ".")})
+    name = inner[len(key) + 1 :]
+    typo = f"; did you mean {guess[len(key) + 1 :]}?" if guess is not None else "."
+    return (
+        f"{raw}: {key} has no key {name} ({key} has {', '.join(have) or 'no keys'}){typo} A {{...}} value is merged "
+        f"into {key} key by key; to put a new node in its place, delete the old one first: ~{key} '+{key}={value}'"
     )
 
 

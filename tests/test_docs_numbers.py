@@ -222,6 +222,30 @@ def test_the_default_experiments_settings_table() -> None:
         assert settings_row(json.loads(path.read_text()), setting, seed) in results, path
 
 
+def test_the_null_control_is_its_committed_run() -> None:
+    """docs/results.md's fifth round: the printed command is the null run's overrides, and its numbers (held-out KL
+    ± s.e., the training KL at the last iteration) are that run's and the real-reward PPO run's."""
+    folder = OUT / "quickstart" / "null_reward" / "seed=0"
+    overrides = [o.strip("- ").strip() for o in (folder / "overrides.yaml").read_text().splitlines()]
+    assert "task/reward=constant" in overrides
+    results = page("docs/results.md")
+    assert f"python -m cory.train {' '.join(overrides)} " in results + " "
+    last_train_kl = []
+    for name in (folder / "metrics.jsonl", OUT / "quickstart" / "ppo_metrics.jsonl"):
+        rows = [json.loads(line) for line in name.read_text().splitlines()]
+        last_train_kl.append(next(r["train/llm1/kl"] for r in reversed(rows) if "train/llm1/kl" in r))
+    run = json.loads((folder / "summary.json").read_text())
+    null, ppo = (
+        run["agents"]["llm1"],
+        json.loads((OUT / "quickstart" / "ppo_summary.json").read_text())["agents"]["llm1"],
+    )
+    assert null["task_reward"] == run["initial"]["llm1"]["task_reward"]  # no signal: the reward could not move
+    assert f"**{null['kl']:.2f} ± {null['kl_se']:.2f} nats**, against {ppo['kl']:.2f} ± {ppo['kl_se']:.2f}" in results
+    train = f"{last_train_kl[0]:.2f} nats at iteration 12 without the signal and {last_train_kl[1]:.2f} with it"
+    assert train in results
+    assert f"PPO's KL still ends at {null['kl']:.1f} nats, {ppo['kl']:.1f} with the real one" in page("README.md")
+
+
 def test_the_readme_gives_the_default_experiments_spread_over_seeds() -> None:
     """README's default-run sentence: seed 0 (`outputs/quickstart/cory_summary.json`) and seeds 1-2 of the table."""
     runs = [json.loads((OUT / "quickstart" / "cory_summary.json").read_text())]

@@ -223,7 +223,7 @@ def test_a_batch_larger_than_the_training_set_is_one_line(tmp_path):
 @pytest.mark.parametrize(
     ("override", "named"),
     [
-        ("task/reward=nope", "task/reward=nope: no such option (available: distilbert_imdb, tfidf)"),
+        ("task/reward=nope", "task/reward=nope: no such option (available: constant, distilbert_imdb, tfidf)"),
         ("model=nope", "model=nope: no such option (available: gpt2,"),
         ("algorithm.agent.lr=1", "algorithm.agent.lr"),
     ],
@@ -358,6 +358,15 @@ HYDRA_MISTAKES = {  # id → (command line after `experiment=smoke`, the one lin
         "value at a space); quote the value for Hydra and the whole override for the shell: "
         "\"task.observer_template='{query} {response}|{query}'\"",
     ),
+    # a {...} value is merged into the node key by key: the node exists, the refused key is one inside it
+    "dict-value-new-key": (
+        ["algorithm.agent={lr:1}"],
+        "algorithm.agent={lr:1}: algorithm.agent has no key lr (algorithm.agent has _target_, adaptive_kl, ",
+    ),
+    "dict-value-key-typo": (
+        ["algorithm.agent={lerning_rate:1}"],
+        "algorithm.agent={lerning_rate:1}: algorithm.agent has no key lerning_rate (algorithm.agent has _target_, ",
+    ),
     "bad-flag-value": (["--cfg", "jobs"], "argument --cfg/-c: invalid choice: 'jobs'"),
     "not-an-override": (["seed"], "seed: not an override; write key=value"),
 }
@@ -375,6 +384,10 @@ def test_a_hydra_level_mistake_is_one_line_with_the_right_hint(tmp_path, monkeyp
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
     assert err.startswith(f"error: {line}"), err
     assert "To append" not in err and "+algoritm" not in err and "+iteratons" not in err
+    if mistake == "dict-value-new-key":  # the way to replace the node whole: delete it, then add the new one
+        assert err.rstrip().endswith("delete the old one first: ~algorithm.agent '+algorithm.agent={lr:1}'"), err
+    if mistake == "dict-value-key-typo":
+        assert "; did you mean learning_rate? A {...} value is merged into algorithm.agent key by key" in err, err
     assert _outputs(tmp_path) == [] and not (tmp_path / "sweep").exists()
 
 

@@ -4,8 +4,8 @@
 label lookup by name, truncation). `TfidfSentimentReward` is trained on a hand-made CSV into a tmp cache:
 positive texts score higher, the cache holds no pickle, and a reload gives identical scores without retraining.
 The bounds (`bound=probability|clip`, `BoundedReward`) against hand-computed values, and CORY's collective reward
-as the sum of the bounded rewards (the bound comes first). The real 25k-review training is `slow`. Run:
-`pytest -q tests/test_rewards.py -m "not slow"`.
+as the sum of the bounded rewards (the bound comes first). The null control's `ConstantReward` scores all alike.
+The real 25k-review training is `slow`. Run: `pytest -q tests/test_rewards.py -m "not slow"`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,14 @@ from cory.config import validate
 from cory.errors import AssetUnavailableError, ConfigError
 from cory.ppo.actor import Actor
 from cory.ppo.learner import PPOLearner
-from cory.tasks.rewards import BoundedReward, ClassifierReward, TfidfSentimentReward, clip_above, sigmoid
+from cory.tasks.rewards import (
+    BoundedReward,
+    ClassifierReward,
+    ConstantReward,
+    TfidfSentimentReward,
+    clip_above,
+    sigmoid,
+)
 from cory.tasks.toy import CharacterShare, ToyTask
 
 
@@ -214,6 +221,21 @@ def test_a_wrong_bound_on_the_command_line_is_refused_when_the_config_is_validat
         validate(compose_cfg(["experiment=quickstart", "task.reward.bound=sigmoid"]))
     validate(compose_cfg(["experiment=quickstart", "task.reward.bound=probability"]))
     validate(compose_cfg(["experiment=quickstart", "task/reward=distilbert_imdb", "task.reward.bound=clip"]))
+
+
+def test_the_null_controls_constant_reward_scores_every_text_alike() -> None:
+    """`task/reward=constant`: the same score for any text (the null control of a study), chosen from the command
+    line and validated like the other rewards; a non-number is refused before anything loads."""
+    from hydra.utils import instantiate
+
+    cfg = compose_cfg(["experiment=quickstart", "algorithm=ppo", "task/reward=constant", "task.reward.value=0.355"])
+    validate(cfg)
+    reward = instantiate(cfg.task.reward)
+    texts = ["This movie was great, wonderful acting", "terrible boring film", ""]
+    assert reward(texts) == [0.355, 0.355, 0.355] and reward([]) == []
+    assert isinstance(reward, ConstantReward)  # the option replaced the packaged reward, not merged into it
+    with pytest.raises(ConfigError, match=r"task\.reward\.value"):
+        validate(compose_cfg(["experiment=quickstart", "task/reward=constant", "task.reward.value=high"]))
 
 
 def test_the_toy_task_scores_the_response_or_the_query_and_response_with_its_reward_part() -> None:

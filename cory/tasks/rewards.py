@@ -1,17 +1,19 @@
 """Sentiment rewards for the IMDB task: callables `reward(texts) -> scores`, one logit per text (docs/method.md §3.1).
 
-The texts are the query plus the response (docs/method.md §1.2 step 5). Two implementations:
+The texts are the query plus the response (docs/method.md §1.2 step 5). Two classifiers:
 
 - `ClassifierReward`: the paper's reward, the raw POSITIVE logit of a sequence classifier such as
   `lvwerra/distilbert-imdb` (the official code's sentiment pipeline with `function_to_apply="none"`).
 - `TfidfSentimentReward`: the offline stand-in of docs/method.md §8, a TF-IDF + logistic-regression classifier
   trained once on the packaged IMDB reviews; its decision function is also a logit.
 
-Both take `bound` (docs/method.md §3.8): `none` keeps the raw logit (the paper's, unbounded), `probability` gives
-the classifier's probability of the positive class (in [0, 1]) and `clip` gives min(logit, `ceiling`). The bound
-acts on each response's own score, so under CORY it comes before the collective sum r1 + r2; the learner's
-`score_clip` acts after it. `BoundedReward` puts the same bounds (`sigmoid` for `probability`) around any other
-reward callable.
+`ConstantReward` scores every text alike: the null control, a reward without signal.
+
+The two classifiers take `bound` (docs/method.md §3.8): `none` keeps the raw logit (the paper's, unbounded),
+`probability` gives the classifier's probability of the positive class (in [0, 1]) and `clip` gives
+min(logit, `ceiling`). The bound acts on each response's own score, so under CORY it comes before the collective sum
+r1 + r2; the learner's `score_clip` acts after it. `BoundedReward` puts the same bounds (`sigmoid` for
+`probability`) around any other reward callable.
 
 Deviations: the stand-in is not a transformer and has a different scale (about +4 / −6 on short clear texts,
 like the DistilBERT logit but not identical); `ClassifierReward` truncates to the classifier's maximum length,
@@ -94,6 +96,24 @@ class BoundedReward:
     def __call__(self, texts: list[str]) -> list[float]:
         scores = np.asarray(self.reward(texts), dtype=np.float64)
         return (sigmoid(scores) if self.bound == "sigmoid" else clip_above(scores, self.ceiling)).tolist()
+
+
+class ConstantReward:
+    """A reward without signal: `value` for every text, whatever it says.
+
+    The null control of a study: a learner trained on it has nothing to learn, so the KL it reaches is the drift it
+    makes by itself, which no reward pays for (docs/results.md, the default experiment's fifth round). Set `value` to
+    the task's initial held-out mean so that the value head starts as close to it as with the real reward.
+
+    Args:
+        value: the score of every text.
+    """
+
+    def __init__(self, value: float = 0.0) -> None:
+        self.value = float(value)
+
+    def __call__(self, texts: list[str]) -> list[float]:
+        return [self.value] * len(texts)
 
 
 class ClassifierReward:
