@@ -414,14 +414,16 @@ def test_a_two_process_cory_run_resumes_exactly(tmp_path: Path, engine: str) -> 
 
 
 # (signal, to whom, training rows logged before it; the delay after that row is drawn from a seeded RNG): a lost
-# node (SIGKILL to every process), a scheduler's signal that reaches one process (rank 1 or rank 0), and Ctrl-C in
-# torchrun's terminal (SIGINT to the launcher, which stops its workers)
+# node (SIGKILL to every process), a scheduler's signal that reaches one process (rank 1 or rank 0), Ctrl-C in
+# torchrun's terminal (SIGINT to the launcher, which stops its workers), and one process killed alone (the kernel's
+# out-of-memory killer: torchrun then stops the other)
 KILLS = [
     (signal.SIGKILL, "all", 1),
     (signal.SIGTERM, "rank1", 2),
     (signal.SIGKILL, "all", 3),
     (signal.SIGTERM, "rank0", 1),
     (signal.SIGINT, "launcher", 2),
+    (signal.SIGKILL, "rank1", 2),
 ]
 
 
@@ -430,11 +432,11 @@ KILLS = [
 def test_a_two_process_fsdp_run_killed_or_stopped_anywhere_resumes_exactly(tmp_path: Path, seed: int) -> None:
     """Under FSDP a resumed process runs its forwards in another order than an uninterrupted one: its first is a
     rollout's (a block of the policy, under the lean decode), not an evaluation's through the policy. A run killed
-    with SIGKILL (every process at once, as a lost node), stopped by SIGTERM to one process (rank 1 or rank 0) or by
-    Ctrl-C to torchrun, at seeded moments after several iterations (generating, scoring, updating or writing a
-    checkpoint), and resumed, logs the same rows as the uninterrupted run. Three seeds of moments: fifteen trials,
-    each compared row for row (a probe of 2026-12-05 had seen one of four trials differ; none has since, here or in
-    the trials by hand listed in docs/guarantees.md)."""
+    with SIGKILL (every process at once, as a lost node, or one alone, as the out-of-memory killer does), stopped by
+    SIGTERM to one process (rank 1 or rank 0) or by Ctrl-C to torchrun, at seeded moments after several iterations
+    (generating, scoring, updating or writing a checkpoint), and resumed, logs the same rows as the uninterrupted run.
+    Three seeds of moments: eighteen trials, each compared row for row (a probe of 2026-12-05 had seen one of four
+    trials differ; none has since, here or in the trials by hand listed in docs/guarantees.md)."""
     hardware = (*sharded_cpu("fsdp"), "model.lora.enabled=false")
 
     def start(run_dir: Path) -> list[str]:
