@@ -243,7 +243,17 @@ def test_the_null_control_is_its_committed_run() -> None:
     assert f"**{null['kl']:.2f} ± {null['kl_se']:.2f} nats**, against {ppo['kl']:.2f} ± {ppo['kl_se']:.2f}" in results
     train = f"{last_train_kl[0]:.2f} nats at iteration 12 without the signal and {last_train_kl[1]:.2f} with it"
     assert train in results
-    assert f"PPO's KL still ends at {null['kl']:.1f} nats, {ppo['kl']:.1f} with the real one" in page("README.md")
+    assert f"PPO {null['kl']:.1f}, {ppo['kl']:.1f} with the real one" in page("README.md")
+    # the default, CORY: both agents, against the committed default run
+    folder = OUT / "quickstart" / "null_reward_cory" / "seed=0"
+    overrides = [o.strip("- ").strip() for o in (folder / "overrides.yaml").read_text().splitlines()]
+    assert f"python -m cory.train {' '.join(overrides)} " in results + " " and "task/reward=constant" in overrides
+    null = json.loads((folder / "summary.json").read_text())["agents"]
+    real = json.loads((OUT / "quickstart" / "cory_summary.json").read_text())["agents"]
+    both = " / ".join(f"{null[a]['kl']:.2f} ± {null[a]['kl_se']:.2f}" for a in ("llm1", "llm2"))
+    assert f"**{both} nats** (llm1 / llm2), against {real['llm1']['kl']:.2f} / {real['llm2']['kl']:.2f}" in results
+    kls = lambda run: " / ".join(f"{run[a]['kl']:.1f}" for a in ("llm1", "llm2"))  # noqa: E731
+    assert f"{kls(null)} nats ({kls(real)} with the real one" in page("README.md")
 
 
 def test_the_readme_gives_the_default_experiments_spread_over_seeds() -> None:
