@@ -103,7 +103,7 @@ class ConstantReward:
 
     The null control of a study: a learner trained on it has nothing to learn, so the KL it reaches is the drift it
     makes by itself, which no reward pays for (docs/results.md, the default experiment's fifth round). Set `value` to
-    the task's initial held-out mean so that the value head starts as close to it as with the real reward.
+    the task's initial held-out mean, so that the value head's target has the size it has with the real reward.
 
     Args:
         value: the score of every text.
