@@ -196,6 +196,11 @@ def test_maft_wall_times(summary: str, printed: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------- the default experiment
+def recorded_overrides(folder: Path) -> list[str]:
+    """The overrides a committed run folder recorded (Hydra's `overrides.yaml`, one `- key=value` a line)."""
+    return [o.strip("- ").strip() for o in (folder / "overrides.yaml").read_text().splitlines()]
+
+
 def settings_row(run: dict, setting: str, seed: str) -> str:
     """A row of docs/results.md's table of the default experiment's settings, from the run's summary."""
     before, after = run["initial"], run["agents"]
@@ -216,7 +221,7 @@ def test_the_default_experiments_settings_table() -> None:
     assert len(runs) >= 9
     shown = lambda o: o not in ("experiment=quickstart", "progress=false") and not o.startswith("seed=")  # noqa: E731
     for path in runs:
-        overrides = [o.strip("- ").strip() for o in (path.parent / "overrides.yaml").read_text().splitlines()]
+        overrides = recorded_overrides(path.parent)
         setting = " ".join(f"`{o}`" for o in overrides if shown(o)) or "the default"
         seed = path.parent.name.split("=")[1]
         assert settings_row(json.loads(path.read_text()), setting, seed) in results, path
@@ -226,7 +231,7 @@ def test_the_null_control_is_its_committed_run() -> None:
     """docs/results.md's fifth round: the printed command is the null run's overrides, and its numbers (held-out KL
     ± s.e., the training KL at the last iteration) are that run's and the real-reward PPO run's."""
     folder = OUT / "quickstart" / "null_reward" / "seed=0"
-    overrides = [o.strip("- ").strip() for o in (folder / "overrides.yaml").read_text().splitlines()]
+    overrides = recorded_overrides(folder)
     assert "task/reward=constant" in overrides
     results = page("docs/results.md")
     assert f"python -m cory.train {' '.join(overrides)} " in results + " "
@@ -246,7 +251,7 @@ def test_the_null_control_is_its_committed_run() -> None:
     assert f"PPO {null['kl']:.1f}, {ppo['kl']:.1f} with the real one" in page("README.md")
     # the default, CORY: both agents, against the committed default run
     folder = OUT / "quickstart" / "null_reward_cory" / "seed=0"
-    overrides = [o.strip("- ").strip() for o in (folder / "overrides.yaml").read_text().splitlines()]
+    overrides = recorded_overrides(folder)
     assert f"python -m cory.train {' '.join(overrides)} " in results + " " and "task/reward=constant" in overrides
     null = json.loads((folder / "summary.json").read_text())["agents"]
     real = json.loads((OUT / "quickstart" / "cory_summary.json").read_text())["agents"]
