@@ -421,11 +421,17 @@ def _override_of(key: str, overrides: Sequence[str]) -> str:
     return next((o for o in overrides if o.split("=", 1)[0].lstrip("+~") == key), key)
 
 
+def _refused(key: str, overrides: Sequence[str], placeholder: str) -> tuple[str, str, set[str]]:
+    """The override that set `key` (as typed), its value (`placeholder` if none) and every key the other overrides
+    compose: what both unknown-key answers start from."""
+    raw = _override_of(key, overrides)
+    value = raw.split("=", 1)[1] if "=" in raw else placeholder
+    return raw, value, _known_keys([o for o in overrides if o != raw])
+
+
 def _unknown_key(key: str, overrides: Sequence[str]) -> str:
     """`key` is in no config: name the key a typo probably meant, else what is there."""
-    raw = _override_of(key, overrides)
-    value = raw.split("=", 1)[1] if "=" in raw else "..."
-    known = _known_keys([o for o in overrides if o != raw])
+    raw, value, known = _refused(key, overrides, "...")
     dotted = key.replace("/", ".")
     guess = _closest_key(dotted, known)
     if guess is not None:
@@ -457,11 +463,10 @@ def _unknown_inner_key(key: str, inner: str, overrides: Sequence[str]) -> str:
     """`key={..., x: v}` where `key` has no `x`: Hydra merges a dict value into the node key by key, so the new key is
     refused. Name it and the node's keys, and both ways on: the key typed wrong, or a whole new node in the old one's
     place (`~key '+key={...}'`: delete, then add)."""
-    raw = _override_of(key, overrides)
-    value = raw.split("=", 1)[1] if "=" in raw else "{...}"
-    known = _known_keys([o for o in overrides if o != raw])
-    guess = _closest_key(inner, {k for k in known if k.startswith(key + ".")})
-    have = sorted({k[len(key) + 1 :].split(".")[0] for k in known if k.startswith(key + ".")})
+    raw, value, known = _refused(key, overrides, "{...}")
+    below = {k for k in known if k.startswith(key + ".")}
+    guess = _closest_key(inner, below)
+    have = sorted({k[len(key) + 1 :].split(".")[0] for k in below})
     name = inner[len(key) + 1 :]
     typo = f"; did you mean {guess[len(key) + 1 :]}?" if guess is not None else "."
     return (
