@@ -401,6 +401,21 @@ def test_the_claim2_pilots_last_run_in_the_log_is_its_committed_summary() -> Non
     assert f"{printed} {llm2['task_reward']:.3f}" in page("docs/results.md").replace("\n  ", " ")
 
 
+def test_the_claim2_studys_progress_is_its_committed_runs() -> None:
+    """README's "N of 32 runs finished" counts the committed result folders, its per-seed cost is seed 0's committed
+    wall times, and the log's wall time of each run it names is that run's summary."""
+    runs = summaries(OUT / "claim2" / "results")
+    assert runs and all(r["completed"] and r["iterations"] == 100 for r in runs.values())
+    readme, results = page("README.md"), page("docs/results.md")
+    assert f"{len(runs)} of 32 runs finished" in readme
+    arms = ("imdb_claim2_ppo", "imdb_claim2_ppo_priced", "imdb_claim2_cory", "imdb_claim2_cory_released")
+    hours = sum(runs[f"experiment={arm}/seed=0"]["wall_time_s"] for arm in arms) / 3600
+    assert f"seed 0's four runs took {hours:.1f} run-hours of wall time (about {8 * hours:.0f} for 8 seeds)" in readme
+    for arm, label in (("cory_released", "the released CORY's seed 0"), ("cory", "CORY's seed 0")):
+        wall = runs[f"experiment=imdb_claim2_{arm}/seed=0"]["wall_time_s"]
+        assert f"{label}, 100 iterations ({wall:,.0f} s of wall time" in results, label
+
+
 # ------------------------------------------------------------------------------------------------- cost on AMX
 def test_the_amx_cost_tables_are_the_committed_measurements() -> None:
     """docs/cost.md's tables for the CPU with AMX: the side-by-side medians against the official code, the phases of
