@@ -416,15 +416,45 @@ def test_a_two_process_cory_run_resumes_exactly(tmp_path: Path, engine: str) -> 
 # (signal, to whom, training rows logged before it; the delay after that row is drawn from a seeded RNG): a lost
 # node (SIGKILL to every process), a scheduler's signal that reaches one process (rank 1 or rank 0), Ctrl-C in
 # torchrun's terminal (SIGINT to the launcher, which stops its workers), and one process killed alone (the kernel's
-# out-of-memory killer: torchrun then stops the other)
+# out-of-memory killer: torchrun then stops the other). A trial of two interrupts the resumed run again.
 KILLS = [
-    (signal.SIGKILL, "all", 1),
-    (signal.SIGTERM, "rank1", 2),
-    (signal.SIGKILL, "all", 3),
-    (signal.SIGTERM, "rank0", 1),
-    (signal.SIGINT, "launcher", 2),
-    (signal.SIGKILL, "rank1", 2),
+    [(signal.SIGKILL, "all", 1)],
+    [(signal.SIGTERM, "rank1", 2)],
+    [(signal.SIGKILL, "all", 3)],
+    [(signal.SIGTERM, "rank0", 1)],
+    [(signal.SIGINT, "launcher", 2)],
+    [(signal.SIGKILL, "rank1", 2)],
+    [(signal.SIGKILL, "all", 1), (signal.SIGTERM, "rank1", 3)],
 ]
+
+
+def _interrupt(cmd: list[str], run_dir: Path, sig: signal.Signals, whom: str, after: int, delay: float) -> None:
+    """Start `cmd`, wait for `after` training rows in the run's metrics (those of an earlier start count) and
+    `delay` seconds more, then send `sig` to `whom` and wait for the run to end."""
+    launcher = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    workers: list[psutil.Process] = []
+    try:
+        metrics, deadline = run_dir / "metrics.jsonl", time.monotonic() + 300
+        while sum('"train/' in r for r in (metrics.read_text().splitlines() if metrics.exists() else [])) < after:
+            assert launcher.poll() is None and time.monotonic() < deadline, "the run did not train"
+            time.sleep(0.05)
+        time.sleep(delay)
+        # torchrun starts each process in a session of its own: each is signalled by its id
+        workers = psutil.Process(launcher.pid).children(recursive=True)
+        if whom == "all":
+            for process in [*workers, psutil.Process(launcher.pid)]:
+                process.send_signal(sig)
+        elif whom == "launcher":
+            psutil.Process(launcher.pid).send_signal(sig)
+        else:
+            next(p for p in workers if p.environ().get("RANK") == whom.removeprefix("rank")).send_signal(sig)
+        _, err = launcher.communicate(timeout=300)
+    finally:
+        for process in [*workers, launcher]:
+            with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
+                process.kill()
+    if sig == signal.SIGTERM:
+        assert launcher.returncode == 0, err[-3000:]
 
 
 @pytest.mark.long  # 2-3 min per seed on 2 loaded CPUs
@@ -434,9 +464,10 @@ def test_a_two_process_fsdp_run_killed_or_stopped_anywhere_resumes_exactly(tmp_p
     rollout's (a block of the policy, under the lean decode), not an evaluation's through the policy. A run killed
     with SIGKILL (every process at once, as a lost node, or one alone, as the out-of-memory killer does), stopped by
     SIGTERM to one process (rank 1 or rank 0) or by Ctrl-C to torchrun, at seeded moments after several iterations
-    (generating, scoring, updating or writing a checkpoint), and resumed, logs the same rows as the uninterrupted run.
-    Three seeds of moments: eighteen trials, each compared row for row (a probe of 2026-12-05 had seen one of four
-    trials differ; none has since, here or in the trials by hand listed in docs/guarantees.md)."""
+    (generating, scoring, updating or writing a checkpoint), and resumed, logs the same rows as the uninterrupted run;
+    so does one killed, resumed and stopped again. Three seeds of moments: 21 trials, each compared row for row (a
+    probe of 2026-12-05 had seen one of four trials differ; none has since, here or in the trials by hand listed in
+    docs/guarantees.md)."""
     hardware = (*sharded_cpu("fsdp"), "model.lora.enabled=false")
 
     def start(run_dir: Path) -> list[str]:
@@ -446,36 +477,13 @@ def test_a_two_process_fsdp_run_killed_or_stopped_anywhere_resumes_exactly(tmp_p
     want = exact_rows(tmp_path / "whole")
     assert len(want) == 7  # evaluations at 0, 2 and 4, four training rows
     rng = random.Random(seed)
-    for i, (sig, whom, after) in enumerate(KILLS):
+    for i, interrupts in enumerate(KILLS):
         run_dir = tmp_path / f"run{i}"
-        launcher = subprocess.Popen(
-            start(run_dir), cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-        )
-        workers: list[psutil.Process] = []
-        try:
-            metrics, deadline = run_dir / "metrics.jsonl", time.monotonic() + 300
-            while sum('"train/' in r for r in (metrics.read_text().splitlines() if metrics.exists() else [])) < after:
-                assert launcher.poll() is None and time.monotonic() < deadline, "the run did not train"
-                time.sleep(0.05)
-            time.sleep(rng.uniform(0.0, 0.4))  # about one iteration of the smoke run
-            # torchrun starts each process in a session of its own: each is signalled by its id
-            workers = psutil.Process(launcher.pid).children(recursive=True)
-            if whom == "all":
-                for process in [*workers, psutil.Process(launcher.pid)]:
-                    process.send_signal(sig)
-            elif whom == "launcher":
-                psutil.Process(launcher.pid).send_signal(sig)
-            else:
-                next(p for p in workers if p.environ().get("RANK") == whom.removeprefix("rank")).send_signal(sig)
-            _, err = launcher.communicate(timeout=300)
-        finally:
-            for process in [*workers, launcher]:
-                with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
-                    process.kill()
-        if sig == signal.SIGTERM:
-            assert launcher.returncode == 0, err[-3000:]
+        for k, (sig, whom, after) in enumerate(interrupts):
+            cmd = start(run_dir) if k == 0 else [*_two_processes(), f"resume={run_dir}"]
+            _interrupt(cmd, run_dir, sig, whom, after, rng.uniform(0.0, 0.4))  # about one iteration of the smoke run
         _run([*_two_processes(), f"resume={run_dir}"])
-        assert exact_rows(run_dir) == want, (sig, whom, after)
+        assert exact_rows(run_dir) == want, interrupts
 
 
 @pytest.mark.long
