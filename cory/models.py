@@ -11,13 +11,16 @@ generation; `cory.ppo.rollout.generate` also passes every setting explicitly.
 from __future__ import annotations
 
 import copy
+import difflib
 import importlib.util
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
     GenerationConfig,
@@ -25,6 +28,7 @@ from transformers import (
     GPT2LMHeadModel,
     LlamaConfig,
     LlamaForCausalLM,
+    PreTrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
@@ -139,6 +143,7 @@ def load_pretrained(
     dtype: str = "float32",
     load_in_4bit: bool = False,
     compute_dtype: str = "bfloat16",
+    config_overrides: dict[str, Any] | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """A hub name or a local folder, through the same `from_pretrained` path (`model=gpt2*`, `llama2_*`).
 
@@ -149,8 +154,13 @@ def load_pretrained(
         load_in_4bit: bitsandbytes NF4 without double quantisation (QLoRA's scheme, docs/method.md §3.3), placed
             on the current CUDA device; train it through LoRA adapters.
         compute_dtype: dtype of the 4-bit layers' matrix products.
+        config_overrides: attributes of the model's config to replace before the weights load, each one the
+            config already has (e.g. `activation_function: gelu_pytorch_tanh`, GPT-2's GELU as one fused kernel:
+            docs/cost.md). The same weights then compute a slightly different function, so none is set by default.
 
-    An unreachable name fails within seconds with a message saying how to use a local folder (`cory.hub`).
+    An unreachable name fails within seconds with a message saying how to use a local folder (`cory.hub`); an
+    override the config does not have, or one the model cannot be built with, fails in one line before the weights
+    load.
     """
     if load_in_4bit and importlib.util.find_spec("bitsandbytes") is None:  # checked where 4 bit is used
         from cory.errors import ConfigError
@@ -163,7 +173,9 @@ def load_pretrained(
         key="model.name_or_path",
         trust_remote_code=trust_remote_code,
     )
-    quantization = {}
+    quantization: dict[str, Any] = {}
+    if config_overrides:
+        quantization["config"] = _overridden_config(name_or_path, dict(config_overrides), trust_remote_code)
     if load_in_4bit:
         from transformers import BitsAndBytesConfig
 
@@ -189,6 +201,39 @@ def load_pretrained(
         tokenizer.pad_token = tokenizer.eos_token
     _neutral_generation_config(model, tokenizer)
     return model, tokenizer
+
+
+def _overridden_config(name_or_path: str, overrides: dict[str, Any], trust_remote_code: bool) -> PreTrainedConfig:
+    """The model's config with `overrides` set, checked by building the model on the meta device (no memory)."""
+    from cory.errors import ConfigError
+
+    config = from_pretrained_or_fail(
+        AutoConfig.from_pretrained,
+        name_or_path,
+        what="model",
+        key="model.name_or_path",
+        trust_remote_code=trust_remote_code,
+    )
+    known = sorted(k for k in config.to_dict() if not k.startswith("_"))
+    for key in overrides:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"did you mean {close[0]}?" if close else f"it has {', '.join(known[:12])}, ..."
+            raise ConfigError(
+                f"model.config_overrides: the {config.model_type} config of {name_or_path} has no {key}; {hint}"
+            )
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    try:
+        with torch.device("meta"):
+            AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    except Exception as err:  # noqa: BLE001 - whatever the architecture refuses, said in one line
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(
+            f"model.config_overrides {overrides}: {name_or_path} cannot be built with them ({type(err).__name__}: "
+            f"{first})"
+        ) from err
+    return config
 
 
 def load_smollm2_135m(cache_dir: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:

@@ -417,6 +417,28 @@ def test_the_claim2_studys_progress_is_its_committed_runs() -> None:
 
 
 # ------------------------------------------------------------------------------------------------- cost on AMX
+def test_the_fused_gelu_table_is_its_committed_measurement() -> None:
+    """docs/cost.md's table for `gelu_pytorch_tanh`: each pair's forward, backward and s/iter, the medians and the
+    two ratios, as outputs/cost/fused_gelu_ab.json rounds them."""
+    runs = json.loads((OUT / "cost" / "fused_gelu_ab.json").read_text())["runs"]
+    cost = page("docs/cost.md")
+    medians, forwards = {}, {}
+    for fused, label in ((False, "`gelu_new` (default)"), (True, "fused")):
+        pairs = sorted((r for r in runs if r["fused_gelu"] is fused), key=lambda r: r["round"])
+        assert [r["round"] for r in pairs] == [1, 2, 3] and all(r["algorithm"] == "ppo" for r in pairs)
+        forward = [r["phases_s"]["learner_forward"] for r in pairs]
+        backward = [r["phases_s"]["learner_backward"] for r in pairs]
+        seconds = [r["s_per_iter"] for r in pairs]
+        medians[fused], forwards[fused] = (statistics.median(forward), statistics.median(seconds)), forward
+        listed = ", ".join
+        row = (f"| {label} | {listed(f'{x:.2f}' for x in forward)} | {listed(f'{x:.2f}' for x in backward)} | "
+               f"{medians[fused][1]:.2f} ({listed(f'{x:.2f}' for x in seconds)}) |")  # fmt: skip
+        assert row in cost, row
+    assert f"({medians[True][0] / medians[False][0]:.2f}× the default's median)" in cost
+    assert f"**{medians[True][1] / medians[False][1]:.2f}×**" in cost
+    assert "The forward is faster in every pair" in cost and all(map(float.__lt__, forwards[True], forwards[False]))
+
+
 def test_the_amx_cost_tables_are_the_committed_measurements() -> None:
     """docs/cost.md's tables for the CPU with AMX: the side-by-side medians against the official code, the phases of
     fp32 and bf16 runs and the bf16 − fp32 gaps, each as its committed JSON rounds."""

@@ -10,7 +10,9 @@
   model's head to a slower batched matmul), on the response columns only, and the value head reads the same final
   hidden state as the LM head, for GPT-2, Llama and a LoRA policy;
 - `runtime.keep_freed_memory` (`hardware.keep_freed_memory`): large tensors allocated again, step after step,
-  reuse freed heap instead of faulting in fresh pages, and a run logs the same numbers with it and without it.
+  reuse freed heap instead of faulting in fresh pages, and a run logs the same numbers with it and without it;
+- `model.config_overrides` puts GPT-2's GELU in one fused kernel on the same weights, within float32 rounding of
+  the composed one, and refuses in one line an attribute the config lacks or a value the model cannot be built with.
 
 No timing is asserted: speed is measured by `scripts/benchmark.py`.
 """
@@ -25,10 +27,12 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.from_config import learner
-from helpers.runners import exact_rows, run_cli
+from helpers.runners import cli, env, exact_rows, one_error_line, run_cli
+from transformers.activations import ACT2FN
 
 from cory import runtime
-from cory.models import build_tiny_gpt2, build_tiny_llama, make_reference
+from cory.errors import ConfigError
+from cory.models import build_tiny_gpt2, build_tiny_llama, load_pretrained, make_reference
 from cory.policy import Backbone, LoraSettings
 from cory.ppo.learner import Agent, Batch, agent_on
 
@@ -272,3 +276,47 @@ def test_a_run_in_length_groups_logs_the_numbers_of_one_rectangle_up_to_rounding
             assert got[key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
             differ += got[key] != value
     assert differ > 0  # the shapes did change: not the same rectangles under another name
+
+
+# ----------------------------------------------------------------------------------------------- config overrides
+@pytest.fixture(scope="module")
+def gpt2_folder(tmp_path_factory) -> Path:
+    """A tiny GPT-2 saved as a local folder (what `model=gpt2 model.name_or_path=DIR` loads), with GPT-2's GELU."""
+    model, tokenizer = build_tiny_gpt2(seed=0)
+    assert model.config.activation_function == "gelu_new"
+    folder = tmp_path_factory.mktemp("gpt2")
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_a_config_override_runs_gpt2s_gelu_as_one_fused_kernel_on_the_same_weights(gpt2_folder: Path):
+    """The same weights load into blocks whose activation is torch's fused tanh GELU; the log-probabilities stay
+    within float32 rounding of the composed `gelu_new`'s (1e-5 absolute); the folder is not changed."""
+    config_file = gpt2_folder / "config.json"
+    before = config_file.read_bytes()
+    plain, _ = load_pretrained(str(gpt2_folder))
+    fused, _ = load_pretrained(str(gpt2_folder), config_overrides={"activation_function": "gelu_pytorch_tanh"})
+    assert {type(block.mlp.act) for block in plain.transformer.h} == {type(ACT2FN["gelu_new"])}
+    assert {type(block.mlp.act) for block in fused.transformer.h} == {type(ACT2FN["gelu_pytorch_tanh"])}
+    assert type(ACT2FN["gelu_new"]) is not type(ACT2FN["gelu_pytorch_tanh"])
+    weights = plain.state_dict()
+    assert all(torch.equal(weights[name], tensor) for name, tensor in fused.state_dict().items())
+    ids = torch.randint(0, 256, (4, 48), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want, got = (torch.log_softmax(m(input_ids=ids).logits, -1) for m in (plain, fused))
+    assert torch.allclose(got, want, rtol=0, atol=1e-5)
+    assert config_file.read_bytes() == before
+
+
+def test_a_config_override_the_model_cannot_take_is_refused_before_the_weights_load(gpt2_folder: Path):
+    with pytest.raises(ConfigError, match=r"has no activaton_function; did you mean activation_function\?"):
+        load_pretrained(str(gpt2_folder), config_overrides={"activaton_function": "gelu_pytorch_tanh"})
+    with pytest.raises(ConfigError, match=r"cannot be built with them \(KeyError: 'gelu_fast2'\)"):
+        load_pretrained(str(gpt2_folder), config_overrides={"activation_function": "gelu_fast2"})
+    # from the command line: one line, exit code 2
+    typo = "+model.config_overrides.activaton_function=gelu_pytorch_tanh"
+    run = f"hydra.run.dir={gpt2_folder.parent / 'run'}"
+    args = cli("experiment=smoke", "model=gpt2", f"model.name_or_path={gpt2_folder}", "progress=false", typo, run)
+    out = subprocess.run(args, env=env(), capture_output=True, text=True, timeout=300)
+    assert "did you mean activation_function?" in one_error_line(out)
