@@ -139,6 +139,30 @@ def test_a_lora_run_exports_merged_or_as_a_peft_adapter(lora_run, tmp_path, caps
     assert json.loads((out / "cory_export.json").read_text())["weights"] == f"lora {mode}"
 
 
+def test_a_run_with_a_config_override_exports_the_model_it_trained(tmp_path, capsys):
+    """`+model.config_overrides.activation_function=gelu_pytorch_tanh` (GPT-2's GELU in one kernel): the export's
+    config keeps the attribute, so the folder loads into the function the agent was trained as."""
+    from transformers import AutoModelForCausalLM
+    from transformers.activations import ACT2FN
+
+    from cory.models import build_tiny_gpt2
+
+    folder = tmp_path / "gpt2"
+    for part in build_tiny_gpt2(seed=0):  # a local GPT-2 folder, as `model=gpt2 model.name_or_path=DIR` loads
+        part.save_pretrained(folder)
+    fused = "+model.config_overrides.activation_function=gelu_pytorch_tanh"
+    run_dir = tmp_path / "run"
+    overrides = ["experiment=smoke", "model=gpt2", f"model.name_or_path={folder}", fused, "iterations=2"]
+    train(compose_cfg([*overrides, "progress=false"]), run_dir)
+    assert export_main(str(run_dir), "--out", str(tmp_path / "out"), capsys=capsys)[0] == 0
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["activation_function"] == "gelu_pytorch_tanh"
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    assert {type(block.mlp.act) for block in model.transformer.h} == {type(ACT2FN["gelu_pytorch_tanh"])}
+    ids, want, _ = checkpoint_logits(run_dir, "iter_000002", "llm1")
+    torch.testing.assert_close(logits_of(model, ids), want, rtol=1e-5, atol=1e-5)
+    assert json.loads((folder / "config.json").read_text())["activation_function"] == "gelu_new"
+
+
 def test_expected_failures_are_one_line_with_exit_code_2(full_run, tmp_path, capsys):
     no_checkpoint = tmp_path / "fresh"  # a run folder without any checkpoint
     no_checkpoint.mkdir()
