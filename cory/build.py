@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
@@ -70,6 +71,8 @@ def build_context(cfg: DictConfig, run_dir: Path) -> RunContext:
     runtime.seed_everything(cfg.seed, hardware.deterministic)
     if hardware.keep_freed_memory:
         runtime.keep_freed_memory()
+    if hardware.threads is not None:
+        torch.set_num_threads(hardware.threads)
     device = distributed.setup(cfg.hardware, runtime.resolve_device(hardware.device))
 
     @functools.cache

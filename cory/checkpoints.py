@@ -200,6 +200,10 @@ def state_problem(state: dict, path: Path) -> str | None:
             "a finite number of seconds >= 0",
         ),
         "rng_by_rank": (isinstance(state.get("rng_by_rank", []), list), "a list of generator states"),
+        "torch_threads": (
+            state.get("torch_threads") is None or (_count(state["torch_threads"]) and state["torch_threads"] >= 1),
+            "a whole number >= 1",
+        ),
         STATE_DIGEST: (isinstance(state.get(STATE_DIGEST, ""), str), "a SHA-256"),
     }
     for key, (ok, expected) in checks.items():  # in this order: `iteration` is known to be a count below it

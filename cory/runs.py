@@ -87,6 +87,7 @@ RESUMABLE_KEYS = (
     "logger",
     "hardware.forward_batch_size",
     "hardware.generation_batch_size",
+    "hardware.threads",  # said at the resume when it is not the checkpoint's (cory.runtime.match_threads)
     "rollout",  # which engine samples the responses: the samples' distribution is the policy's either way
 )
 _NOT_COMPARED = ("resume",)  # the resume key itself names the folder, it does not change the run

@@ -160,6 +160,28 @@ if not _LOG.handlers:
     _LOG.propagate = False
 
 
+def match_threads(recorded: int | None, chosen: int | None) -> str | None:
+    """Torch's thread count for a resumed run, and what to say about it (None: nothing).
+
+    How many threads share a matrix product changes the order of its sums, so its float rounding: a run continues
+    exactly only with the count its checkpoint was taken with (`recorded`; None for a new run or an older
+    checkpoint). That count is set unless `hardware.threads` (`chosen`, already set by `cory.build`) names one;
+    a chosen count that is not the checkpoint's is said, since the run then continues with other rounding."""
+    now = torch.get_num_threads()
+    if recorded is None or now == recorded:
+        return None
+    if chosen is None:
+        torch.set_num_threads(recorded)
+        return (
+            f"torch threads: {recorded}, as when the checkpoint was taken (the default here is {now}): a product's "
+            f"float rounding depends on the count, so the run continues exactly; hardware.threads=N chooses another"
+        )
+    return (
+        f"torch threads: {now} (hardware.threads), where the checkpoint was taken with {recorded}: the run continues "
+        f"with other float rounding, so not exactly as it would have"
+    )
+
+
 def say(message: str, console: bool = True) -> None:
     """One line for the user: on the console (unless `console=False`: a progress bar owns it) and in the run's log."""
     _LOG.info(message, extra={"console": console})

@@ -107,6 +107,7 @@ class HardwareSettings:
         "forward_batch_size": "[1, inf)",
         "generation_batch_size": "[1, inf)",
         "length_groups": "[1, inf)",
+        "threads": "[1, inf)",
     }
 
     device: str  # cpu | cuda | cuda:<n> | auto
@@ -116,6 +117,7 @@ class HardwareSettings:
     deterministic: bool = False
     keep_freed_memory: bool = False  # large tensors reuse freed heap, not fresh pages (runtime.keep_freed_memory)
     length_groups: int = 1  # forwards in up to this many groups of similar length (cory.ppo.rollout.length_groups)
+    threads: int | None = None  # torch's threads; None: the environment's, or on resume the checkpoint's (runtime)
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> HardwareSettings:

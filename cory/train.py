@@ -97,6 +97,9 @@ def _train(cfg: DictConfig, run_dir: Path, resuming: bool, record_start: Callabl
     with runtime.log_to(run_dir / TRAIN_LOG) if distributed.is_main() else contextlib.nullcontext():
         if resuming:
             runtime.say(f"[cory] resumed {run_dir} from {where} (iteration {trainer.iteration})")
+        threads = runtime.match_threads(trainer.checkpoint_threads, context.hardware.threads)
+        if threads is not None and distributed.is_main():
+            runtime.say(f"[cory] {threads}")
         with runtime.rng_untouched():  # wandb.init may draw random numbers; the run's streams must not move
             trainer.logger = (
                 build.make_logger(cfg, run_dir, trainer.run_info, trainer.wandb_run_id)

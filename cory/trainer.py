@@ -95,6 +95,7 @@ class Trainer:
         self.snapshots = Snapshots(settings.snapshot_dir, self.run_dir / "checkpoints") if snapshots else None
         self.wandb_run_id = getattr(logger, "run_id", None)
         self.earlier_wall_s = 0.0  # wall time of the earlier starts, up to the checkpoint this one resumed from
+        self.checkpoint_threads: int | None = None  # torch threads of the checkpoint this start resumed from
         self._start_time = time.perf_counter()
         self._eval_headline: dict[str, float] = {}
         self.report_lines: list[str] = []  # the algorithm's report, for the console once the run ends
@@ -332,6 +333,7 @@ class Trainer:
             "run_info": self.run_info,
             "pending_eval": self.pending_eval,
             "wall_time_s": self.earlier_wall_s + time.perf_counter() - self._start_time,
+            "torch_threads": torch.get_num_threads(),  # the float rounding of a product depends on it
         }
 
     def load_checkpoint(self, path: Path) -> None:
@@ -357,6 +359,7 @@ class Trainer:
         self.run_info = state["run_info"]  # the run's identity (model choice, git SHA) is that of its first start
         self.pending_eval = bool(state.get("pending_eval", False))
         self.earlier_wall_s = float(state.get("wall_time_s", 0.0))
+        self.checkpoint_threads = state.get("torch_threads")  # None in checkpoints from before it was recorded
 
     # ------------------------------------------------------------------------------------------------ helpers
     def _log(self, metrics: dict[str, float], step: int, samples: list[dict] | None = None) -> None:

@@ -26,6 +26,7 @@ from helpers.compose import compose_cfg
 from helpers.hang import start_hanging
 from helpers.runners import (
     assert_same_rows,
+    exact_rows,
     read_rows,
     resume,
     resume_run,
@@ -427,3 +428,21 @@ def test_the_stop_latency_script_measures_a_stop_in_the_update(snapshot):
     else:
         assert result["iterations_completed"] == 2 and result["optimizer_steps_after_signal"] > 0
         assert result["snapshot_s"] == []
+
+
+def test_a_resume_where_torch_has_other_threads_continues_with_the_checkpoints_count(tmp_path):
+    """A product's float rounding depends on how many threads share it. A run checkpointed at one thread and resumed
+    where torch would take two (OMP_NUM_THREADS=2) runs at one, says so, and logs the uninterrupted run's rows;
+    `hardware.threads=2` runs at two, says that the rounding changes, and its rows differ (so the count matters)."""
+    common = ("experiment=smoke", "algorithm=cory", "progress=false", f"cache_dir={tmp_path / 'cache'}")
+    run_cli(*common, f"hydra.run.dir={tmp_path / 'whole'}")  # one thread: the test runners' environment
+    want = exact_rows(tmp_path / "whole")
+    two = {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
+    default = "torch threads: 1, as when the checkpoint was taken (the default here is 2)"
+    chosen = "torch threads: 2 (hardware.threads), where the checkpoint was taken with 1"
+    cases = (("default", (), default, True), ("chosen", ("hardware.threads=2",), chosen, False))
+    for name, extra, said, exact in cases:
+        run_cli(*common, "iterations=2", f"hydra.run.dir={tmp_path / name}")
+        out = run_cli(f"resume={tmp_path / name}", "iterations=4", *extra, **two)
+        assert said in out.stdout + out.stderr, name
+        assert (exact_rows(tmp_path / name) == want) is exact, name

@@ -74,6 +74,7 @@ TYPES = {  # a value of trainer.json → the key the refusal names
         "files is not an object of file names inside the checkpoint (it names '../../summary.json')",
     ),
     "the wall time a string": ({"wall_time_s": "x"}, "wall_time_s is 'x', not a finite number of seconds >= 0"),
+    "the thread count zero": ({"torch_threads": 0}, "torch_threads is 0, not a whole number >= 1"),
     "another iteration than its folder": ({"iteration": 1, "nonfinite_iterations": 0}, "but the checkpoint folder is"),
 }
 
