@@ -9,7 +9,8 @@ The jobs are exactly those of `cory-train -m <the same overrides>`: the sweep fi
 `python -m cory.train <its overrides> hydra.run.dir=<DIR>/<what varies>/seed=<n>` in a subprocess with
 `--threads` torch/OpenMP threads, `--jobs` at a time. Running the same command again
 - skips a job whose folder holds a `summary.json` with `completed: true`,
-- resumes one whose folder holds a run (`run_config.yaml`) with `python -m cory.train resume=<folder>`,
+- resumes one whose folder holds a run (`run_config.yaml`) with `python -m cory.train resume=<folder>`, at the
+  thread count of its checkpoint, whatever `--threads` says now (the float rounding depends on it),
 - starts the others afresh.
 With `--results`, a job whose folder is gone (another machine, a lost session) but whose kept files there hold a
 finished run is not run again: its files go back into its folder, and it counts as finished.
