@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from omegaconf import DictConfig, OmegaConf
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -173,13 +174,16 @@ def load_pretrained(
         key="model.name_or_path",
         trust_remote_code=trust_remote_code,
     )
-    quantization: dict[str, Any] = {}
-    if config_overrides:
-        quantization["config"] = _overridden_config(name_or_path, dict(config_overrides), trust_remote_code)
+    extra: dict[str, Any] = {}  # from_pretrained's arguments beyond the dtype
+    if config_overrides:  # a Hydra node arrives as a DictConfig: plain values go into the config
+        overrides = dict(config_overrides)
+        if isinstance(config_overrides, DictConfig):
+            overrides = OmegaConf.to_container(config_overrides, resolve=True)
+        extra["config"] = _overridden_config(name_or_path, overrides, trust_remote_code)
     if load_in_4bit:
         from transformers import BitsAndBytesConfig
 
-        quantization = dict(
+        extra |= dict(
             quantization_config=BitsAndBytesConfig(
                 load_in_4bit=True,
                 bnb_4bit_quant_type="nf4",
@@ -195,7 +199,7 @@ def load_pretrained(
         key="model.name_or_path",
         trust_remote_code=trust_remote_code,
         dtype=getattr(torch, dtype),
-        **quantization,
+        **extra,
     )
     if tokenizer.pad_token is None:  # GPT-2 and Llama have none; TRL pads with EOS (docs/method.md §2.9)
         tokenizer.pad_token = tokenizer.eos_token
