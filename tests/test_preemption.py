@@ -10,6 +10,8 @@
 - Requeue: a restarted SLURM job (`SLURM_RESTART_COUNT`, the same `SLURM_JOB_ID`) running the same command again
   continues its run; any other start in that folder is still refused.
 - `hydra/launcher=slurm_requeue` composes, requeues on timeout and asks SLURM for the signal and `--requeue`.
+- A job resumed where torch would take another thread count (another node, another `OMP_NUM_THREADS`) runs at its
+  checkpoint's count, on which the float rounding depends, unless `hardware.threads` chooses one.
 """
 
 from __future__ import annotations
