@@ -42,7 +42,8 @@ def load_model(model_cfg: DictConfig):
     hf_logging.disable_progress_bar()
     disable_progress_bars()
     try:
-        loaded = instantiate_target({k: v for k, v in node.items() if k not in HANDLE_KEYS})
+        # plain containers for the loader's arguments (`config_overrides` reaches a transformers config as is)
+        loaded = instantiate_target({k: v for k, v in node.items() if k not in HANDLE_KEYS}, _convert_="all")
     finally:
         hf_logging.enable_progress_bar()
         enable_progress_bars()

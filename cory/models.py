@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -175,11 +174,8 @@ def load_pretrained(
         trust_remote_code=trust_remote_code,
     )
     extra: dict[str, Any] = {}  # from_pretrained's arguments beyond the dtype
-    if config_overrides:  # a Hydra node arrives as a DictConfig: plain values go into the config
-        overrides = dict(config_overrides)
-        if isinstance(config_overrides, DictConfig):
-            overrides = OmegaConf.to_container(config_overrides, resolve=True)
-        extra["config"] = _overridden_config(name_or_path, overrides, trust_remote_code)
+    if config_overrides:
+        extra["config"] = _overridden_config(name_or_path, dict(config_overrides), trust_remote_code)
     if load_in_4bit:
         from transformers import BitsAndBytesConfig
 

@@ -416,7 +416,7 @@ def test_the_claim2_studys_progress_is_its_committed_runs() -> None:
         assert f"{label}, 100 iterations ({wall:,.0f} s of wall time" in results, label
 
 
-# ------------------------------------------------------------------------------------------------- cost on AMX
+# ------------------------------------------------------------------------------------------------ a cost option
 def test_the_fused_gelu_table_is_its_committed_measurement() -> None:
     """docs/cost.md's table for `gelu_pytorch_tanh`: each pair's forward, backward and s/iter, the medians and the
     two ratios, as outputs/cost/fused_gelu_ab.json rounds them."""
@@ -439,6 +439,7 @@ def test_the_fused_gelu_table_is_its_committed_measurement() -> None:
     assert "The forward is faster in every pair" in cost and all(map(float.__lt__, forwards[True], forwards[False]))
 
 
+# ------------------------------------------------------------------------------------------------- cost on AMX
 def test_the_amx_cost_tables_are_the_committed_measurements() -> None:
     """docs/cost.md's tables for the CPU with AMX: the side-by-side medians against the official code, the phases of
     fp32 and bf16 runs and the bf16 − fp32 gaps, each as its committed JSON rounds."""
