@@ -320,7 +320,8 @@ def test_where_the_combined_reward_falls_in_the_settings_tried_and_the_optimum_i
     readme, results = (" ".join(page(name).split()) for name in ("README.md", "docs/results.md"))
     assert f"falls in {len(changes) - len(rises)} of the {len(changes)} agent-runs of the {len(runs)} other" in readme
     assert f"Over the table's {len(runs)} runs ({len(changes)} agent-runs" in results
-    assert f"falls in {len(changes) - len(rises)}; it rises by {rises[0]:.3f} to {rises[-1]:.3f} in the other" in results
+    falls = len(changes) - len(rises)
+    assert f"falls in {falls}; it rises by {rises[0]:.3f} to {rises[-1]:.3f} in the other" in results
     assert f"(by at most +{rises[-1]:.3f}) take eight times the default's samples per agent" in readme
     for folder, run in zip(folders, runs, strict=True):
         if all(change(run, a) < 0 for a in run["agents"]):
