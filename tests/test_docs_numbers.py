@@ -289,6 +289,18 @@ def test_the_default_runs_wall_times_are_their_summaries() -> None:
     assert f"`python -m cory.train algorithm=ppo` | {minutes(ppo)} |" in results
 
 
+def test_the_fresh_clones_default_run_is_the_committed_one() -> None:
+    """docs/results.md: the fresh clone's `make run` of 2026-12-07 logged the committed default run's numbers (its
+    summary equals `cory_summary.json` but for the commit and the wall time, which the page gives)."""
+    fresh = json.loads((OUT / "quickstart" / "fresh_clone_2026-12-07_summary.json").read_text())
+    committed = json.loads((OUT / "quickstart" / "cory_summary.json").read_text())
+    assert fresh["agents"] == committed["agents"] and fresh["initial"] == committed["initial"]
+    results = " ".join(page("docs/results.md").split())
+    seconds = fresh["wall_time_s"]
+    assert f"(commit `{fresh['git_sha'][:7]}`" in results
+    assert f"bit for bit, in {int(seconds // 60)} min {round(seconds % 60)} s" in results
+
+
 def test_gsm8k_cpu_passk_table_is_the_committed_evaluations() -> None:
     """docs/gsm8k.md's pass@k table: each row's numbers are its committed `outputs/gsm8k_cpu/*_passk.json`."""
     gsm8k = (REPO / "docs" / "gsm8k.md").read_text()  # line by line: the table's rows
