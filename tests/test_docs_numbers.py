@@ -295,7 +295,7 @@ def test_the_fresh_clones_default_run_is_the_committed_one() -> None:
     fresh = json.loads((OUT / "quickstart" / "fresh_clone_2026-12-07_summary.json").read_text())
     committed = json.loads((OUT / "quickstart" / "cory_summary.json").read_text())
     assert fresh["agents"] == committed["agents"] and fresh["initial"] == committed["initial"]
-    results = " ".join(page("docs/results.md").split())
+    results = page("docs/results.md")
     seconds = fresh["wall_time_s"]
     assert f"(commit `{fresh['git_sha'][:7]}`" in results
     assert f"bit for bit, in {int(seconds // 60)} min {round(seconds % 60)} s" in results
@@ -329,10 +329,10 @@ def test_where_the_combined_reward_falls_in_the_settings_tried_and_the_optimum_i
     change = lambda r, a: r["agents"][a]["combined_reward"] - r["initial"][a]["combined_reward"]  # noqa: E731
     changes = [change(r, a) for r in runs for a in r["agents"]]
     rises = sorted(c for c in changes if c >= 0)
-    readme, results = (" ".join(page(name).split()) for name in ("README.md", "docs/results.md"))
-    assert f"falls in {len(changes) - len(rises)} of the {len(changes)} agent-runs of the {len(runs)} other" in readme
-    assert f"Over the table's {len(runs)} runs ({len(changes)} agent-runs" in results
     falls = len(changes) - len(rises)
+    readme, results = page("README.md"), page("docs/results.md")
+    assert f"falls in {falls} of the {len(changes)} agent-runs of the {len(runs)} other" in readme
+    assert f"Over the table's {len(runs)} runs ({len(changes)} agent-runs" in results
     assert f"falls in {falls}; it rises by {rises[0]:.3f} to {rises[-1]:.3f} in the other" in results
     assert f"(by at most +{rises[-1]:.3f}) take eight times the default's samples per agent" in readme
     for folder, run in zip(folders, runs, strict=True):
