@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import logging
 import os
 import random
@@ -70,28 +71,58 @@ def set_torch_rng_states(states: dict[str, torch.Tensor]) -> None:
         torch.cuda.set_rng_state_all(cuda)
 
 
+_LIBC_KEEPS_FREED_MEMORY = False  # set by `keep_freed_memory`; `release_freed_memory` acts only then
+
+
+@functools.cache
+def _libc():
+    """This process's C library if it is glibc on Linux (it has `mallopt` and `malloc_trim`), else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None)  # the C library this process already runs on
+    except OSError:
+        return None
+    if not (hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim")):  # glibc's; musl has neither
+        return None
+    libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    libc.malloc_trim.argtypes, libc.malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return libc
+
+
 def keep_freed_memory() -> bool:
-    """Serve every allocation from malloc's heap and keep what is freed there, for this process (Linux, glibc).
+    """Serve every allocation from malloc's heap and keep what is freed there until `release_freed_memory`, for this
+    process (Linux, glibc).
 
     By default glibc maps each block above 32 MB from the kernel and unmaps it when freed, so a tensor of that size
     allocated again in every step is faulted in afresh, one zero-filled 4 KB page at a time: the [vocab, d]
     gradient of a tied embedding (154 MB for GPT-2), the logits over the vocabulary, their log-softmax. On the
     GPT-2-small shape that was 0.16 s for each zero-fill of the embedding's gradient and 0.2 s for each sum into the
     tied weight, in every backward (docs/cost.md, "Memory the kernel maps again"). `M_MMAP_MAX = 0` serves large
-    blocks from the heap and `M_TRIM_THRESHOLD` at its maximum keeps freed heap for the next step. The arithmetic is
-    untouched (the same kernels on the same values): only where the bytes live changes. The cost is memory: the heap
-    keeps its high-water mark and the gaps fragmentation leaves, so the peak resident size grows for some iterations
-    (+26 % for PPO, +7 % for CORY over 12 at that shape), which is why `hardware.keep_freed_memory` is off by
-    default. Returns whether it applied (False off glibc, where `mallopt` does not exist)."""
-    if not sys.platform.startswith("linux"):
+    blocks from the heap and `M_TRIM_THRESHOLD` at its maximum keeps freed heap for the next use. The arithmetic is
+    untouched (the same kernels on the same values): only where the bytes live changes. Kept for ever, the heap
+    would keep its high-water mark and the gaps fragmentation leaves, and the peak resident size grew for some
+    iterations (+19 to +26 % for PPO, +7 % for CORY over 12 at that shape); the trainer therefore returns the free
+    heap to the kernel after each iteration (`release_freed_memory`), which keeps most of the time saved (the PPO
+    epochs and the rollouts of one iteration reuse it) at the default's peak. Returns whether it applied (False off
+    glibc)."""
+    global _LIBC_KEEPS_FREED_MEMORY
+    libc = _libc()
+    if libc is None:
         return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt  # the C library this process already runs on
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     m_trim_threshold, m_mmap_max = -1, -4  # glibc's <malloc.h>
-    return mallopt(m_mmap_max, 0) == 1 and mallopt(m_trim_threshold, 2**31 - 1) == 1
+    _LIBC_KEEPS_FREED_MEMORY = libc.mallopt(m_mmap_max, 0) == 1 and libc.mallopt(m_trim_threshold, 2**31 - 1) == 1
+    return _LIBC_KEEPS_FREED_MEMORY
+
+
+def release_freed_memory() -> bool:
+    """Return the heap's free pages to the kernel (glibc's `malloc_trim(0)`) where `keep_freed_memory` keeps them;
+    a no-op otherwise. Returns whether it ran."""
+    libc = _libc() if _LIBC_KEEPS_FREED_MEMORY else None
+    if libc is None:
+        return False
+    libc.malloc_trim(0)  # its result says whether any memory went back, not whether it worked
+    return True
 
 
 def resolve_device(device: str) -> torch.device:

@@ -115,7 +115,7 @@ class HardwareSettings:
     forward_batch_size: int  # micro-batch of the no-grad rollout forwards
     generation_batch_size: int  # prompts per generate() call
     deterministic: bool = False
-    keep_freed_memory: bool = False  # large tensors reuse freed heap, not fresh pages (runtime.keep_freed_memory)
+    keep_freed_memory: bool = True  # large tensors reuse freed heap within a step (runtime.keep_freed_memory)
     length_groups: int = 1  # forwards in up to this many groups of similar length (cory.ppo.rollout.length_groups)
     threads: int | None = None  # torch's threads; None: the environment's, or on resume the checkpoint's (runtime)
 

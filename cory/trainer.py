@@ -193,6 +193,7 @@ class Trainer:
             preemption.abandonable() if droppable else contextlib.nullcontext(),
         ):
             out = self.algorithm.step(k)
+        runtime.release_freed_memory()  # the heap kept for this step's reuse goes back (hardware.keep_freed_memory)
         if abandoned.happened:
             return None
         metrics = out.metrics | {
@@ -220,6 +221,7 @@ class Trainer:
     def _run_pending_eval(self) -> None:
         if self.pending_eval:  # the first and the last evaluation are the full ones (`num_eval_final`)
             metrics = self.evaluate(final=self.iteration in (0, self.s.iterations))
+            runtime.release_freed_memory()
             if metrics is not None:  # None: a signal interrupted it; it stays pending
                 self._log(metrics, step=self.iteration)
                 self.pending_eval = False

@@ -10,7 +10,8 @@
   model's head to a slower batched matmul), on the response columns only, and the value head reads the same final
   hidden state as the LM head, for GPT-2, Llama and a LoRA policy;
 - `runtime.keep_freed_memory` (`hardware.keep_freed_memory`): large tensors allocated again, step after step,
-  reuse freed heap instead of faulting in fresh pages, and a run logs the same numbers with it and without it;
+  reuse freed heap instead of faulting in fresh pages, the trainer gives that heap back after every iteration and
+  evaluation (`runtime.release_freed_memory`), and a run logs the same numbers with it and without it;
 - `model.config_overrides` puts GPT-2's GELU in one fused kernel on the same weights, within float32 rounding of
   the composed one, and refuses in one line an attribute the config lacks or a value the model cannot be built with.
 
@@ -27,7 +28,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.from_config import learner
-from helpers.runners import cli, env, exact_rows, one_error_line, run_cli
+from helpers.runners import cli, env, exact_rows, one_error_line, run_cli, start_run
 from transformers.activations import ACT2FN
 
 from cory import runtime
@@ -233,6 +234,40 @@ def test_large_tensors_allocated_again_reuse_the_heap_instead_of_fresh_pages():
     default, kept = last_cycles("default"), last_cycles("keep")
     assert default[0] == "None" and default[1] > 4 * 40_000, default
     assert kept[0] == "True" and kept[1] < 1_000, kept
+
+
+RELEASE = """
+import sys, torch
+from cory import runtime
+def resident_mb():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+released = runtime.release_freed_memory()  # before keep_freed_memory: nothing to release, nothing done
+runtime.keep_freed_memory()
+x = torch.ones(64 * 2**20); del x  # 256 MB, freed into the heap, which keeps it
+kept = resident_mb()
+print(released, runtime.release_freed_memory(), round(kept - resident_mb()))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="malloc_trim is glibc's")
+def test_the_heap_kept_for_a_step_goes_back_to_the_kernel_when_released():
+    """What `keep_freed_memory` keeps would stay resident for ever; `release_freed_memory`, which the trainer calls
+    after every iteration and evaluation, gives it back: a freed 256 MB tensor stays resident until then and leaves
+    with it. Before `keep_freed_memory` it does nothing (glibc returns large blocks by itself then)."""
+    out = subprocess.run([sys.executable, "-c", RELEASE], capture_output=True, text=True, check=True)
+    before, released, freed_mb = out.stdout.split()
+    assert before == "False" and released == "True"
+    assert int(freed_mb) > 200, out.stdout
+
+
+def test_the_trainer_releases_the_kept_heap_after_every_iteration_and_evaluation(tmp_path: Path, monkeypatch):
+    """The release is the trainer's (the step's reuse is inside an iteration): the smoke run's 2 iterations and its
+    2 evaluations (before training and at the end) release once each."""
+    calls = []
+    monkeypatch.setattr(runtime, "release_freed_memory", lambda: calls.append(1) or True)
+    start_run(tmp_path, tmp_path / "run", "iterations=2", "save_every=0")
+    assert len(calls) == 4
 
 
 @pytest.mark.slow
