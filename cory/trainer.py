@@ -193,8 +193,8 @@ class Trainer:
             preemption.abandonable() if droppable else contextlib.nullcontext(),
         ):
             out = self.algorithm.step(k)
-        runtime.release_freed_memory()  # the heap kept for this step's reuse goes back (hardware.keep_freed_memory)
         if abandoned.happened:
+            runtime.release_freed_memory()
             return None
         metrics = out.metrics | {
             TIME_ITERATION: time.perf_counter() - t0,
@@ -216,6 +216,7 @@ class Trainer:
         flag = " (non-finite: update skipped)" if nonfinite else ""
         line = f"[cory] iteration {k + 1}/{self.s.iterations}: {numbers}{flag} ({metrics[TIME_ITERATION]:.1f} s)"
         runtime.say(line, console=not self.s.progress)  # with a progress bar, the bar shows it; train.log keeps it
+        runtime.release_freed_memory()  # the heap kept for this iteration's reuse goes back (keep_freed_memory)
         return nonfinite
 
     def _run_pending_eval(self) -> None:

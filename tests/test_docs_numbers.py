@@ -533,6 +533,42 @@ def test_the_kept_memory_growth_is_the_committed_runs() -> None:
         assert f"{medians[0]:.2f} against {medians[1]:.2f} s" in cost
 
 
+def test_the_released_memory_table_is_the_committed_runs() -> None:
+    """docs/cost.md's table for `hardware.keep_freed_memory` with the heap given back after each iteration (the
+    default): medians, their ratios, peak RSS and its change, and where PPO's peak was reached, from the committed runs."""
+    cost = page("docs/cost.md")
+    runs = json.loads((OUT / "cost" / "keep_freed_memory_release.json").read_text())["runs"]
+    for algorithm, first in (("ppo", 4), ("cory", 1)):  # PPO: iterations 5-12; CORY: 2-6
+        on, off = runs[f"{algorithm}/keep_freed_memory=true"], runs[f"{algorithm}/keep_freed_memory=false"]
+        m_on, m_off = (statistics.median(r["iteration_s"][first:]) for r in (on, off))
+        p_on, p_off = max(on["peak_mb"]), max(off["peak_mb"])
+        change = 100 * (p_on / p_off - 1)
+        sign = "+" if change >= 0 else "−"
+        assert f"| {m_off:.2f} | {p_off:,.0f} MB |" in cost
+        assert f"**{m_on:.2f}** ({m_on / m_off:.2f}×) | {p_on:,.0f} MB ({sign}{abs(change):.1f} %)" in cost
+    ppo = runs["ppo/keep_freed_memory=true"]
+    top = max(ppo["peak_mb"])
+    assert f"{ppo['peak_mb'][0]:,.0f} MB after the first iteration, {top:,.0f} from the eleventh" in cost
+    assert ppo["iteration"][ppo["peak_mb"].index(top)] == 11
+
+
+def test_the_epyc_phases_table_is_the_committed_runs() -> None:
+    """docs/cost.md's learner-against-floor table on the AMD EPYC, with and without `keep_freed_memory`: every cell
+    from the committed phases runs."""
+    cost = page("docs/cost.md")
+    runs = json.loads((OUT / "cost" / "phases_epyc_keep_freed_memory.json").read_text())["runs"]
+    order = [runs[k] for k in ("ppo_off", "ppo_on", "cory_off", "cory_on")]
+    learner = [r["phases_s"]["learner_forward"] + r["phases_s"]["learner_backward"] for r in order]
+    assert "| s/iter | " + " | ".join(f"{r['s_per_iter']:.2f}" for r in order) + " |" in cost
+    assert "| learner forward + backward | " + " | ".join(f"{s:.2f} s" for s in learner) + " |" in cost
+    ratios = [f"{r['learner_vs_floor']:.2f}×" for r in order]
+    assert f"| {ratios[0]} | **{ratios[1]}** | {ratios[2]} | **{ratios[3]}** |" in cost
+    steps = [f"{r['s_per_decode_step'] / r['decode_floor_s']:.2f}×" for r in order]
+    assert "| a decode step ÷ its matrix products | " + " | ".join(steps) + " |" in cost
+    assert f"is {min(steps)[:-1]}–{max(steps)[:-1]}× its matrix products here" in cost
+    assert f"({order[1]['learner_vs_floor']:.3f} and {order[3]['learner_vs_floor']:.3f})" in cost
+
+
 def test_the_padding_tables_are_the_committed_measurements() -> None:
     """docs/cost.md's "Padding": the learner's padding and padded FLOPs under `hardware.length_groups` from the
     committed phases runs, the GEMM-rate spread they showed, and every cell of the paired timing table (padding,
