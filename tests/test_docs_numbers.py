@@ -535,7 +535,8 @@ def test_the_kept_memory_growth_is_the_committed_runs() -> None:
 
 def test_the_released_memory_table_is_the_committed_runs() -> None:
     """docs/cost.md's table for `hardware.keep_freed_memory` with the heap given back after each iteration (the
-    default): medians, their ratios, peak RSS and its change, and where PPO's peak was reached, from the committed runs."""
+    default): medians, their ratios, peak RSS and its change, and where PPO's peak was reached, from the committed
+    runs."""
     cost = page("docs/cost.md")
     runs = json.loads((OUT / "cost" / "keep_freed_memory_release.json").read_text())["runs"]
     for algorithm, first in (("ppo", 4), ("cory", 1)):  # PPO: iterations 5-12; CORY: 2-6
