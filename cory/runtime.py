@@ -102,10 +102,10 @@ def keep_freed_memory() -> bool:
     blocks from the heap and `M_TRIM_THRESHOLD` at its maximum keeps freed heap for the next use. The arithmetic is
     untouched (the same kernels on the same values): only where the bytes live changes. Kept for ever, the heap
     would keep its high-water mark and the gaps fragmentation leaves, and the peak resident size grew for some
-    iterations (+19 to +26 % for PPO, +7 % for CORY over 12 at that shape); the trainer therefore returns the free
-    heap to the kernel after each iteration (`release_freed_memory`), which keeps most of the time saved (the PPO
-    epochs and the rollouts of one iteration reuse it) at the default's peak. Returns whether it applied (False off
-    glibc)."""
+    iterations (+26 % for PPO, +7 % for CORY over 12 at that shape); the trainer therefore returns the free heap to
+    the kernel after each iteration and evaluation (`release_freed_memory`). The PPO epochs, the rollouts and the
+    agents of one iteration still reuse it: 0.88x the time per iteration for PPO at +10 % peak, 0.94x for CORY at
+    -1 % (docs/cost.md). Returns whether it applied (False off glibc)."""
     global _LIBC_KEEPS_FREED_MEMORY
     libc = _libc()
     if libc is None:
