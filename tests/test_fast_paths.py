@@ -237,11 +237,11 @@ def test_large_tensors_allocated_again_reuse_the_heap_instead_of_fresh_pages():
 
 
 RELEASE = """
-import sys, torch
+import os, torch
 from cory import runtime
 def resident_mb():
     with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096 / 2**20
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 released = runtime.release_freed_memory()  # before keep_freed_memory: nothing to release, nothing done
 runtime.keep_freed_memory()
 x = torch.ones(64 * 2**20); del x  # 256 MB, freed into the heap, which keeps it
