@@ -154,6 +154,7 @@ class Trainer:
                     self._stop_before(k, dropped=False)  # never abandonable): save what the run has
                     break
                 bad = self._iteration(k, bar)
+                runtime.release_freed_memory()  # the heap kept for the iteration's reuse goes back (keep_freed_memory)
                 if bad is None:  # a stop signal dropped iteration k before it changed anything
                     self._stop_before(k, dropped=True)
                     break
@@ -194,7 +195,6 @@ class Trainer:
         ):
             out = self.algorithm.step(k)
         if abandoned.happened:
-            runtime.release_freed_memory()
             return None
         metrics = out.metrics | {
             TIME_ITERATION: time.perf_counter() - t0,
@@ -216,7 +216,6 @@ class Trainer:
         flag = " (non-finite: update skipped)" if nonfinite else ""
         line = f"[cory] iteration {k + 1}/{self.s.iterations}: {numbers}{flag} ({metrics[TIME_ITERATION]:.1f} s)"
         runtime.say(line, console=not self.s.progress)  # with a progress bar, the bar shows it; train.log keeps it
-        runtime.release_freed_memory()  # the heap kept for this iteration's reuse goes back (keep_freed_memory)
         return nonfinite
 
     def _run_pending_eval(self) -> None:
