@@ -27,7 +27,12 @@ that ÷ the GEMM rate, and `learner_vs_floor` is (forward + backward) ÷ floor �
 products. `sample_floor_s` is the same for the whole generation: each call's prompt forward (rows × padded prompt
 tokens, at the large-row rate) plus its decode steps (2·N + 2·d·V FLOPs per row and step, attention over the cache, at
 the batch's rate); `sample_vs_floor` is `sample` ÷ that. `s_per_decode_step` divides `sample` by the steps (the prompt
-forward included), and `decode_floor_s` is one step's matrix products alone. `padding` is the share of the learner's
+forward included), and `decode_floor_s` is one step's matrix products alone, so their ratio `decode_vs_floor` sets a
+step plus a share of the prompt forward against a step's products. Per decode step proper (lean loop only; null under
+`generate`): `prefill_s` is the time of the loops' prompt forwards, `decode_step_s` = (`sample` − `prefill_s`) ÷ the
+decode forwards (`decode_forwards_per_iter`: a loop of n tokens runs n − 1 after its prompt forward; its n samplings
+and its setup count here), `decode_step_floor_s` the mean matrix products of those forwards (cache attention
+included, at the batch's rate), and `decode_step_vs_floor` their ratio. `padding` is the share of the learner's
 forward tokens that are padding.
 """
 
@@ -127,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     from hydra import compose, initialize_config_dir
 
     from cory import trainer as trainer_module
-    from cory.ppo import actor, backends, learner, rollout, trainee
+    from cory.ppo import actor, backends, decode, learner, rollout, trainee
     from cory.train import train
 
     if args.threads:
@@ -163,6 +168,13 @@ def main(argv: list[str] | None = None) -> int:
             shapes["decode_chunks"].append((len(chunk), width, max(len(r) for r in chunk)))  # rows, width, steps
 
     clock.wrap(backends, "generate_ids", "sample", count_decode)
+    prefill = {"s": 0.0, "calls": 0}  # the lean loop's prompt forwards (the first model call of each loop)
+    original_decode = decode.decode
+
+    def timed_decode(model, *args, **kwargs):
+        return original_decode(_FirstCallTimer(model, prefill, clock.cuda), *args, **kwargs)
+
+    decode.decode = timed_decode
     clock.wrap(actor, "score_forward", "rollout_forward")
     clock.wrap(actor, "forward_logits", "learner_forward", count_forward)  # the kept forward (grad enabled)
     clock.wrap(learner, "forward_logits", "learner_forward", count_forward)
@@ -179,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
             dict(clock.seconds),
             len(shapes["learner"]),
             len(shapes["decode_chunks"]),
+            prefill["s"],
+            prefill["calls"],
         )
 
     def timed_iteration(self, *a, **kw):
@@ -188,9 +202,12 @@ def main(argv: list[str] | None = None) -> int:
         return result
 
     trainer_module.Trainer._iteration = timed_iteration
-    with tempfile.TemporaryDirectory(prefix="cory-phases-") as run_dir:
-        train(cfg, Path(run_dir))
-        rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    try:
+        with tempfile.TemporaryDirectory(prefix="cory-phases-") as run_dir:
+            train(cfg, Path(run_dir))
+            rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    finally:
+        trainer_module.Trainer._iteration, decode.decode = original_iteration, original_decode
     timed = spans[args.warmup :]
     if not timed:
         raise SystemExit("error: no timed iteration (raise --iterations)")
@@ -237,6 +254,17 @@ def main(argv: list[str] | None = None) -> int:
     sample_floor /= len(timed)
     s_per_step = phases["sample"] / steps if steps else float("nan")
     decode_floor = decode_flop / rate_decode / 1e9
+    # per decode step proper: the prompt forwards taken out of `sample`, over the loops' decode forwards
+    prefill_s = statistics.fmean(end[4] - start[4] for start, end in timed)
+    lean = sum(end[5] - start[5] for start, end in timed) == len(chunks)  # every chunk ran the lean loop
+    step_forwards = sum(steps_c - 1 for _, _, steps_c in chunks)
+    step_flop = sum(
+        n_rows * (2 * (n_params + d * vocab) + 4 * layers * d * (width + s))
+        for n_rows, width, steps_c in chunks
+        for s in range(1, steps_c)
+    )
+    step_floor = step_flop / step_forwards / rate_decode / 1e9 if step_forwards else float("nan")
+    step_s = (phases["sample"] - prefill_s) * len(timed) / step_forwards if lean and step_forwards else None
     report = {
         "algorithm": args.algorithm,
         "threads": torch.get_num_threads(),
@@ -260,11 +288,42 @@ def main(argv: list[str] | None = None) -> int:
         "s_per_decode_step": s_per_step,
         "decode_floor_s": decode_floor,
         "decode_vs_floor": s_per_step / decode_floor,
+        "prefill_s": prefill_s if lean else None,
+        "decode_forwards_per_iter": step_forwards / len(timed),
+        "decode_step_s": step_s,
+        "decode_step_floor_s": step_floor,
+        "decode_step_vs_floor": step_s / step_floor if step_s is not None else None,
         "sample_floor_s": sample_floor,
         "sample_vs_floor": phases["sample"] / sample_floor if sample_floor else float("nan"),
     }
     print(json.dumps(report, indent=2))
     return 0
+
+
+class _FirstCallTimer:
+    """The model as the lean decode loop sees it, timing its first call (the prompt forward) into `total`."""
+
+    def __init__(self, model, total: dict, cuda: bool) -> None:
+        self._model, self._total, self._cuda, self._first = model, total, cuda, True
+
+    def __getattr__(self, name: str):
+        return getattr(self._model, name)
+
+    def __call__(self, *args, **kwargs):
+        if not self._first:
+            return self._model(*args, **kwargs)
+        import torch
+
+        self._first = False
+        if self._cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        out = self._model(*args, **kwargs)
+        if self._cuda:
+            torch.cuda.synchronize()
+        self._total["s"] += time.perf_counter() - start
+        self._total["calls"] += 1
+        return out
 
 
 def _text_config(config) -> dict:

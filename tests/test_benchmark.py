@@ -436,6 +436,23 @@ def test_phases_accounts_for_the_iteration_and_prices_its_matrix_products(capsys
     assert 0 < report["learner_gflop"] < report["learner_padded_gflop"]  # the smoke batch has padding
     assert report["learner_floor_s"] > 0 and report["learner_vs_floor"] > 0 and report["sample_vs_floor"] > 0
     assert report["decode_steps_per_iter"] >= 2  # two agents, at least one token each
+    # per decode step proper: the lean loop's prompt forwards timed apart, the rest of sampling over its forwards
+    assert 0 < report["prefill_s"] < parts["sample"]
+    assert 0 < report["decode_forwards_per_iter"] < report["decode_steps_per_iter"]  # n tokens: n - 1 forwards
+    steps_s = report["decode_step_s"] * report["decode_forwards_per_iter"]
+    assert steps_s + report["prefill_s"] == pytest.approx(parts["sample"], rel=1e-9)
+    assert report["decode_step_vs_floor"] == pytest.approx(report["decode_step_s"] / report["decode_step_floor_s"])
+    # under `generate` the prompt forward is not timed apart: no per-step figure rather than a wrong one
+    assert (
+        phases.main(
+            ["--threads", "1", "--iterations", "1", "--warmup", "0", "experiment=smoke", "rollout.decode=generate"]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    reference = json.loads(out[out.index("{\n") :])
+    assert reference["prefill_s"] is None and reference["decode_step_vs_floor"] is None
+    assert reference["sample_vs_floor"] > 0
     # the tiny model's text config, as the script prices it: 2 layers of GPT-2's shape at width 32
     text = phases._text_config(build_tiny_gpt2()[0].config)
     assert text == {"d": 32, "layers": 2, "vocab": 257, "non_embedding": 2 * (4 * 32 * 32 + 2 * 32 * 128)}
