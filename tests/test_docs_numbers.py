@@ -290,8 +290,9 @@ def test_the_default_runs_wall_times_are_their_summaries() -> None:
 
 
 def test_the_fresh_clones_default_run_is_the_committed_one() -> None:
-    """docs/results.md: the fresh clone's `make run` of 2026-12-07 logged the committed default run's numbers (its
-    summary equals `cory_summary.json` but for the commit and the wall time, which the page gives)."""
+    """docs/results.md: the fresh clones' `make run` of 2026-12-07 logged the committed default run's numbers (the
+    first one's summary equals `cory_summary.json` but for the commit and the wall time, the second one's metrics
+    rows equal `cory_metrics.jsonl` but for time and memory; the page gives their commits, times and peak)."""
     fresh = json.loads((OUT / "quickstart" / "fresh_clone_2026-12-07_summary.json").read_text())
     committed = json.loads((OUT / "quickstart" / "cory_summary.json").read_text())
     assert fresh["agents"] == committed["agents"] and fresh["initial"] == committed["initial"]
@@ -299,6 +300,29 @@ def test_the_fresh_clones_default_run_is_the_committed_one() -> None:
     seconds = fresh["wall_time_s"]
     assert f"(commit `{fresh['git_sha'][:7]}`" in results
     assert f"bit for bit, in {int(seconds // 60)} min {round(seconds % 60)} s" in results
+    # the second fresh clone, with kept memory on by default: the same rows, its time and peak as printed
+    again = OUT / "quickstart" / "fresh_clone_070a814"
+
+    def rows(path: Path) -> list[dict]:
+        lines = path.read_text().splitlines()
+        return [{k: v for k, v in json.loads(x).items() if k.split("/")[0] not in ("time", "memory")} for x in lines]
+
+    assert rows(again / "metrics.jsonl") == rows(OUT / "quickstart" / "cory_metrics.jsonl")
+    summary = json.loads((again / "summary.json").read_text())
+    assert summary["agents"] == committed["agents"] and summary["git_sha"].startswith("070a814")
+    seconds = summary["wall_time_s"]
+    assert f"logged the same rows bit for bit in {int(seconds // 60)} min {round(seconds % 60)} s" in results
+
+    def peak(path: Path) -> float:
+        return [r["memory/peak_mb"] for r in map(json.loads, path.read_text().splitlines()) if "memory/peak_mb" in r][
+            -1
+        ]
+
+    new, old = peak(again / "metrics.jsonl"), peak(OUT / "quickstart" / "cory_metrics.jsonl")
+    assert (
+        f"peak RSS of {new:,.0f} MB against the committed run's {old:,.0f} MB (+{100 * (new / old - 1):.1f} %"
+        in results
+    )
 
 
 def test_gsm8k_cpu_passk_table_is_the_committed_evaluations() -> None:
@@ -599,3 +623,23 @@ def test_the_padding_tables_are_the_committed_measurements() -> None:
         assert f"{100 * one['padding']:.1f} % ({one['s_median']:.2f} s)" in row
         for got in (two, four):
             assert f"{100 * got['padding']:.1f} %, **{got['vs_first']:.2f}×**" in row
+
+
+def test_the_fsdp_thread_count_trials_are_the_committed_ones() -> None:
+    """docs/guarantees.md's account of resuming the FSDP probe's code at another thread count: the six resume points
+    (identical at one thread, differing at two, no answer's length changed) and the 48 repeated resumes (each
+    differing from its first resumed update, none changing a task reward or an answer's length)."""
+    text = page("docs/guarantees.md")
+    six = json.loads((OUT / "preemption" / "fsdp_resume_threads_3009fbc.json").read_text())["trials"]
+    assert sum(t["resume_threads"] == 1 for t in six.values()) == 6  # "six resume points"
+    assert all(t["identical"] == (t["resume_threads"] == 1) for t in six.values())
+    assert not any(t["answer_lengths_differ"] for t in six.values())
+    loop = json.loads((OUT / "preemption" / "fsdp_resume_threads_loop_3009fbc.json").read_text())
+    trials = loop["trials"].values()
+    assert len(trials) == 48 and "all 48 resumes differed" in text
+    assert {t["seed"] for t in trials} == set(range(1, 25)) and "24 seeds" in text
+    assert all(t["first_difference"][0] == t["resumed_after"] for t in trials)
+    assert not any(t["answer_lengths_differ"] or t["task_rewards_differ"] for t in trials)
+    low, high = min(t["max_relative_difference"] for t in trials), max(t["max_relative_difference"] for t in trials)
+    printed = "({} to {} relative at most)".format(*(f"{x:.1e}".replace("e-0", "e-") for x in (low, high)))
+    assert printed in text
