@@ -250,11 +250,12 @@ def main(argv: list[str] | None = None) -> int:
     decode_flop = 2 * (n_params + d * vocab) * batch
     # the whole generation's matrix products: each chunk's prompt forward (at the learner's large-row rate: it is
     # one forward over rows × width tokens, one LM-head column each) and its decode steps (at the batch's rate)
-    sample_floor = 0.0
+    sample_floor, step_flop = 0.0, 0.0
     for n_rows, width, steps_c in chunks:
         prefill = n_rows * (2 * n_params * width + 4 * layers * d * width * width + 2 * d * vocab)
         decoding = sum(n_rows * (2 * (n_params + d * vocab) + 4 * layers * d * (width + s)) for s in range(1, steps_c))
         sample_floor += prefill / rate_learner / 1e9 + decoding / rate_decode / 1e9
+        step_flop += decoding
     sample_floor /= len(timed)
     s_per_step = phases["sample"] / steps if steps else float("nan")
     decode_floor = decode_flop / rate_decode / 1e9
@@ -262,11 +263,6 @@ def main(argv: list[str] | None = None) -> int:
     prefill_s = statistics.fmean(end[4] - start[4] for start, end in timed)
     lean = sum(end[5] - start[5] for start, end in timed) == len(chunks)  # every chunk ran the lean loop
     step_forwards = sum(steps_c - 1 for _, _, steps_c in chunks)
-    step_flop = sum(
-        n_rows * (2 * (n_params + d * vocab) + 4 * layers * d * (width + s))
-        for n_rows, width, steps_c in chunks
-        for s in range(1, steps_c)
-    )
     step_floor = step_flop / step_forwards / rate_decode / 1e9 if step_forwards else float("nan")
     step_s = (phases["sample"] - prefill_s) * len(timed) / step_forwards if lean and step_forwards else None
     report = {
