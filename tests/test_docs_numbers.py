@@ -284,7 +284,12 @@ def test_the_default_runs_wall_times_are_their_summaries() -> None:
     cory = json.loads((OUT / "quickstart" / "cory_summary.json").read_text())["wall_time_s"]
     ppo = json.loads((OUT / "quickstart" / "ppo_summary.json").read_text())["wall_time_s"]
     readme, results = page("README.md"), page("docs/results.md")
-    assert f"sentiment reward: {minutes(cory)} on a 2-core machine" in readme
+    fresh = OUT / "quickstart" / "fresh_clone_070a814"
+    quiet = json.loads((fresh / "summary.json").read_text())["wall_time_s"]
+    rows = [json.loads(line) for line in (fresh / "metrics.jsonl").read_text().splitlines()]
+    peak_gb = [r["memory/peak_mb"] for r in rows if "memory/peak_mb" in r][-1] / 1000
+    assert f"sentiment reward: {minutes(quiet)} on a quiet 2-core AMD EPYC, {minutes(cory)} on another" in readme
+    assert f"at a peak of about {peak_gb:.0f} GB of memory" in readme
     assert f"(CORY, default) | {minutes(cory)} |" in results
     assert f"`python -m cory.train algorithm=ppo` | {minutes(ppo)} |" in results
 
@@ -643,3 +648,42 @@ def test_the_fsdp_thread_count_trials_are_the_committed_ones() -> None:
     low, high = min(t["max_relative_difference"] for t in trials), max(t["max_relative_difference"] for t in trials)
     printed = "({} to {} relative at most)".format(*(f"{x:.1e}".replace("e-0", "e-") for x in (low, high)))
     assert printed in text
+
+
+def test_the_quiet_epyc_phases_table_is_the_committed_runs() -> None:
+    """docs/cost.md's quiet table at the defaults on the AMD EPYC (two runs per algorithm, the decode step proper):
+    every cell and the ranges the text gives, from the committed phases runs."""
+    cost = page("docs/cost.md")
+    runs = json.loads((OUT / "cost" / "phases_epyc_release_quiet.json").read_text())["runs"]
+    order = [runs[k] for k in ("ppo_1", "ppo_2", "cory_1", "cory_2")]
+
+    def row(label: str, cells: list[str]) -> None:
+        assert f"| {label} | " + " | ".join(cells) + " |" in cost, label
+
+    row("s/iter", [f"{r['s_per_iter']:.2f}" for r in order])
+    rates = [r["gemm_gflops"] for r in order]
+    row(
+        "GEMM rate at the learner's rows / at the decode step's 16 rows",
+        [f"{g['learner']:.1f} / {g['decode']:.1f}" for g in rates],
+    )
+    learner = [r["learner_vs_floor"] for r in order]
+    row("learner forward + backward ÷ its matrix-product floor", [f"{x:.2f}×" for x in learner])
+    row("sampling ÷ its matrix products", [f"{r['sample_vs_floor']:.2f}×" for r in order])
+    row("prompt forwards, s per iteration", [f"{r['prefill_s']:.2f}" for r in order])
+    steps = [r["decode_step_vs_floor"] for r in order]
+    cells = [f"{r['decode_step_s']:.3f} ÷ {r['decode_step_floor_s']:.3f} s = {x:.2f}×" for r, x in zip(order, steps)]
+    row("a decode step proper ÷ its matrix products", cells)
+    row("the row above's measure (prompt forward in the step)", [f"{r['decode_vs_floor']:.2f}×" for r in order])
+    for r, x in zip(order, steps):  # the ratio is the table's two times, and they are the run's own
+        assert x == approx(r["decode_step_s"] / r["decode_step_floor_s"])
+        assert r["decode_step_s"] * r["decode_forwards_per_iter"] + r["prefill_s"] == approx(r["phases_s"]["sample"])
+    assert f"the learner is at {min(learner):.2f}–{max(learner):.2f}× its floor" in cost
+    assert f"a decode step at {min(steps):.2f}–{max(steps):.2f}× its products" in cost
+    times = [r["s_per_iter"] for r in order]
+    slow = [times[1] / times[0] - 1, times[3] / times[2] - 1]  # run 2 against run 1 of the same command
+    assert f"moved by {100 * min(slow):.0f}–{100 * max(slow):.0f} % between the two runs" in cost
+    ppo_rates, cory_rates = [g["decode"] for g in rates[:2]], [g["decode"] for g in rates[2:]]
+    assert (
+        f"({min(ppo_rates):.1f}–{max(ppo_rates):.1f} against {min(cory_rates):.1f}–{max(cory_rates):.1f} GFLOP/s"
+        in cost
+    )
