@@ -105,7 +105,7 @@ class Clock:
 
 def gemm_gflops(rows: int, d: int, megabytes: int = 512, repeat: int = 3) -> float:
     """fp32 GEMM rate [rows × d] × [d × 4d], weights cycled through `megabytes` of buffers (no cache reuse): the
-    best of `repeat` passes, since a floor is what the machine can do (one pass varied by ±15 % between runs)."""
+    best of `repeat` passes, since a floor is what the machine can do (one pass moved by 16 % between two runs)."""
     import torch
 
     n = max(2, megabytes * 2**20 // (4 * d * 4 * d))

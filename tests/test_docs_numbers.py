@@ -673,7 +673,10 @@ def test_the_quiet_epyc_phases_table_is_the_committed_runs() -> None:
     steps = [r["decode_step_vs_floor"] for r in order]
     cells = [f"{r['decode_step_s']:.3f} ÷ {r['decode_step_floor_s']:.3f} s = {x:.2f}×" for r, x in zip(order, steps)]
     row("a decode step proper ÷ its matrix products", cells)
-    row("the row above's measure (prompt forward in the step)", [f"{r['decode_vs_floor']:.2f}×" for r in order])
+    row(
+        "the decode-step measure of the table above (prompt forward in the step)",
+        [f"{r['decode_vs_floor']:.2f}×" for r in order],
+    )
     for r, x in zip(order, steps):  # the ratio is the table's two times, and they are the run's own
         assert x == approx(r["decode_step_s"] / r["decode_step_floor_s"])
         assert r["decode_step_s"] * r["decode_forwards_per_iter"] + r["prefill_s"] == approx(r["phases_s"]["sample"])
