@@ -132,7 +132,8 @@ def test_a_deepspeed_file_whose_precision_disagrees_is_refused(tmp_path: Path) -
         distributed.deepspeed_config(hardware.hardware)
 
 
-@pytest.mark.parametrize("engine", ["zero3", "fsdp"])
+# ZeRO-3 is the slowest case of the default suite (about a minute: DeepSpeed on two processes): with the long tests
+@pytest.mark.parametrize("engine", [pytest.param("zero3", marks=pytest.mark.long), "fsdp"])
 def test_under_sharded_weights_the_weight_check_reads_each_process_shard(
     tmp_path: Path, monkeypatch, engine: str
 ) -> None:

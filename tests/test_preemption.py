@@ -432,6 +432,7 @@ def test_the_stop_latency_script_measures_a_stop_in_the_update(snapshot):
         assert result["snapshot_s"] == []
 
 
+@pytest.mark.long  # five runs of the CLI (about 50 s): a kill-and-resume process test, with the long ones
 def test_a_resume_where_torch_has_other_threads_continues_with_the_checkpoints_count(tmp_path):
     """A product's float rounding depends on how many threads share it. A run checkpointed at one thread and resumed
     where torch would take two (OMP_NUM_THREADS=2) runs at one, says so, and logs the uninterrupted run's rows;
