@@ -443,12 +443,8 @@ def test_phases_accounts_for_the_iteration_and_prices_its_matrix_products(capsys
     assert steps_s + report["prefill_s"] == pytest.approx(parts["sample"], rel=1e-9)
     assert report["decode_step_vs_floor"] == pytest.approx(report["decode_step_s"] / report["decode_step_floor_s"])
     # under `generate` the prompt forward is not timed apart: no per-step figure rather than a wrong one
-    assert (
-        phases.main(
-            ["--threads", "1", "--iterations", "1", "--warmup", "0", "experiment=smoke", "rollout.decode=generate"]
-        )
-        == 0
-    )
+    argv = ["--threads", "1", "--iterations", "1", "--warmup", "0", "experiment=smoke", "rollout.decode=generate"]
+    assert phases.main(argv) == 0
     out = capsys.readouterr().out
     reference = json.loads(out[out.index("{\n") :])
     assert reference["prefill_s"] is None and reference["decode_step_vs_floor"] is None

@@ -30,6 +30,12 @@ def summaries(folder: Path) -> dict[str, dict]:
     return {f"{p.parent.parent.name}/{p.parent.name}": json.loads(p.read_text()) for p in files}
 
 
+def last_peak_mb(metrics: Path) -> float:
+    """A run's peak RSS: the last `memory/peak_mb` its metrics.jsonl logged."""
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    return [r["memory/peak_mb"] for r in rows if "memory/peak_mb" in r][-1]
+
+
 def iteration_medians(folder: Path) -> dict[str, float]:
     out = {}
     for metrics in folder.glob("*/*/metrics.jsonl"):
@@ -286,8 +292,7 @@ def test_the_default_runs_wall_times_are_their_summaries() -> None:
     readme, results = page("README.md"), page("docs/results.md")
     fresh = OUT / "quickstart" / "fresh_clone_070a814"
     quiet = json.loads((fresh / "summary.json").read_text())["wall_time_s"]
-    rows = [json.loads(line) for line in (fresh / "metrics.jsonl").read_text().splitlines()]
-    peak_gb = [r["memory/peak_mb"] for r in rows if "memory/peak_mb" in r][-1] / 1000
+    peak_gb = last_peak_mb(fresh / "metrics.jsonl") / 1000
     assert f"sentiment reward: {minutes(quiet)} on a quiet 2-core AMD EPYC, {minutes(cory)} on another" in readme
     assert f"at a peak of about {peak_gb:.0f} GB of memory" in readme
     assert f"(CORY, default) | {minutes(cory)} |" in results
@@ -317,13 +322,7 @@ def test_the_fresh_clones_default_run_is_the_committed_one() -> None:
     assert summary["agents"] == committed["agents"] and summary["git_sha"].startswith("070a814")
     seconds = summary["wall_time_s"]
     assert f"logged the same rows bit for bit in {int(seconds // 60)} min {round(seconds % 60)} s" in results
-
-    def peak(path: Path) -> float:
-        return [r["memory/peak_mb"] for r in map(json.loads, path.read_text().splitlines()) if "memory/peak_mb" in r][
-            -1
-        ]
-
-    new, old = peak(again / "metrics.jsonl"), peak(OUT / "quickstart" / "cory_metrics.jsonl")
+    new, old = last_peak_mb(again / "metrics.jsonl"), last_peak_mb(OUT / "quickstart" / "cory_metrics.jsonl")
     assert (
         f"peak RSS of {new:,.0f} MB against the committed run's {old:,.0f} MB (+{100 * (new / old - 1):.1f} %"
         in results
