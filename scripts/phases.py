@@ -172,11 +172,11 @@ def main(argv: list[str] | None = None) -> int:
             shapes["decode_chunks"].append((len(chunk), width, max(len(r) for r in chunk)))  # rows, width, steps
 
     clock.wrap(backends, "generate_ids", "sample", count_decode)
-    prefill = {"s": 0.0, "calls": 0}  # the lean loop's prompt forwards (the first model call of each loop)
+    prompt_forwards = {"s": 0.0, "calls": 0}  # the lean loop's prompt forwards (the first model call of each loop)
     original_decode = decode.decode
 
     def timed_decode(model, *args, **kwargs):
-        return original_decode(_FirstCallTimer(model, prefill, clock.cuda), *args, **kwargs)
+        return original_decode(_FirstCallTimer(model, prompt_forwards, clock.cuda), *args, **kwargs)
 
     decode.decode = timed_decode
     clock.wrap(actor, "score_forward", "rollout_forward")
@@ -195,8 +195,8 @@ def main(argv: list[str] | None = None) -> int:
             dict(clock.seconds),
             len(shapes["learner"]),
             len(shapes["decode_chunks"]),
-            prefill["s"],
-            prefill["calls"],
+            prompt_forwards["s"],
+            prompt_forwards["calls"],
         )
 
     def timed_iteration(self, *a, **kw):
