@@ -78,9 +78,14 @@ class LoraSettings:
         modules = block["target_modules"]
         return cls(**{**block, "target_modules": None if modules is None else tuple(modules)})
 
-    def peft_config(self):
-        """The PEFT `LoraConfig` (no bias, causal LM)."""
+    def peft_config(self, model: nn.Module):
+        """The PEFT `LoraConfig` for `model` (no bias, causal LM).
+
+        `fan_in_fan_out` is set from the model: GPT-2's projections are transformers' `Conv1D`, which stores its
+        weight as [in, out]. PEFT would set it itself, with a warning per adapted layer; the adapters are the same.
+        """
         from peft import LoraConfig
+        from transformers.pytorch_utils import Conv1D
 
         modules = list(self.target_modules) if self.target_modules is not None else None
         return LoraConfig(
@@ -88,6 +93,7 @@ class LoraSettings:
             lora_alpha=self.alpha,
             lora_dropout=self.dropout,
             target_modules=modules,
+            fan_in_fan_out=any(isinstance(m, Conv1D) for m in model.modules()),
             bias="none",
             task_type="CAUSAL_LM",
         )
@@ -318,7 +324,7 @@ class Backbone:
         first = not self.handles
         if self.lora is None:  # full fine-tuning: the first agent takes the loaded model, later ones a copy
             return self.base if first else copy.deepcopy(self.base)
-        config = self.lora.peft_config()
+        config = self.lora.peft_config(self.base)
         if first:
             from peft import get_peft_model
 

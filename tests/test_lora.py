@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import subprocess
+import warnings
 from pathlib import Path
 
 import pytest
@@ -30,8 +31,8 @@ from safetensors.torch import load_file
 from cory.build import load_model
 from cory.config import validate
 from cory.errors import ConfigError
-from cory.models import build_tiny_llama, load_pretrained
-from cory.policy import HANDLE_KEYS, AdapterFreeReference
+from cory.models import build_tiny_gpt2, build_tiny_llama, load_pretrained
+from cory.policy import HANDLE_KEYS, AdapterFreeReference, LoraSettings
 from cory.ppo.learner import Batch
 from cory.ppo.rollout import generate
 from cory.train import train
@@ -75,6 +76,35 @@ def step(algorithm, iterations: int, start: int = 0) -> None:
 
 
 # --------------------------------------------------------------------------------------------- construction
+@pytest.mark.parametrize("build, conv1d", [(build_tiny_gpt2, True), (build_tiny_llama, False)])
+def test_the_lora_config_fits_the_models_layers_so_peft_changes_and_warns_of_nothing(build, conv1d):
+    """GPT-2's projections are transformers' `Conv1D` ([in, out] weights): PEFT needs `fan_in_fan_out` there and, left
+    at its default, sets it itself with a warning per layer. The config we build says it; the adapters are PEFT's."""
+    from peft import LoraConfig, get_peft_model
+
+    settings = LoraSettings(enabled=True, r=4, alpha=8, dropout=0.0, target_modules=None, share_base=True)
+    ours, _ = build()
+    config = settings.peft_config(ours)
+    assert config.fan_in_fan_out is conv1d
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # PEFT's own warnings; FutureWarning is transformers' renames
+        torch.manual_seed(0)
+        ours = get_peft_model(ours, config, adapter_name="llm1")
+    assert config.fan_in_fan_out is conv1d  # PEFT changed nothing
+
+    theirs, _ = build()
+    default = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.manual_seed(0)
+        theirs = get_peft_model(theirs, default, adapter_name="llm1")
+    assert any("fan_in_fan_out" in str(w.message) for w in caught) is conv1d
+    assert default.fan_in_fan_out is conv1d  # what PEFT settled on is what we set
+    a, b = dict(ours.named_parameters()), dict(theirs.named_parameters())
+    assert a.keys() == b.keys() and any("lora_A" in n for n in a)
+    assert all(torch.equal(a[n], b[n]) for n in a)
+
+
 def test_cory_agents_are_two_adapters_on_one_frozen_base():
     algorithm, backbone = make_algorithm(smoke("algorithm=cory"))
     a, b = algorithm.agents["llm1"], algorithm.agents["llm2"]

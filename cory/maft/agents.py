@@ -155,7 +155,7 @@ def add_lora_adapters(
     settings = LoraSettings(enabled=True, r=r, alpha=alpha, dropout=dropout, target_modules=modules, share_base=True)
     peft_model = None
     for name in names:
-        config = settings.peft_config()
+        config = settings.peft_config(model)
         with torch.random.fork_rng():
             torch.manual_seed(seed)  # same initial A matrices for every agent (B starts at zero)
             if peft_model is None:
