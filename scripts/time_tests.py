@@ -3,12 +3,12 @@
     python scripts/time_tests.py                        # `make test`, one row in outputs/tests/timings.jsonl
     python scripts/time_tests.py --target test-long --note "beside two training runs"
 
-The suite's duration is a number the README and docs/implementation-notes.md state, so it comes from a file, as
-every other number there does: the row gives the command, the commit (and whether the tree had changes), the CPU
-and its core count, the one-minute load average before and after (about 0 on idle cores; the suite itself loads
-them), pytest's counts and its own seconds, and the command's wall seconds (the `make` target's install check
-included). The command's output passes through as it comes. A run that fails, or prints no pytest summary, writes
-no row: a timing is only kept for a suite that passed.
+The suite's duration is a number the README and docs/implementation-notes.md state, so it comes from a committed
+file, as the pages' measured numbers should: the row gives the command, the commit (and whether the tree had
+changes), the CPU and its core count, the one-minute load average before and after (about 0 on idle cores; the
+suite itself loads them), pytest's counts and its own seconds, and the command's wall seconds (the `make` target's
+install check included). The command's output passes through as it comes. A run that fails, is interrupted or
+prints no pytest summary writes no row: a timing is only kept for a suite that passed.
 """
 
 from __future__ import annotations
@@ -92,7 +92,10 @@ def main() -> None:
         "--out", type=Path, default=OUT, help="the file a row goes to (default: outputs/tests/timings.jsonl)"
     )
     args = parser.parse_args()
-    code, row = time_command(["make", args.target])
+    try:
+        code, row = time_command(["make", args.target])
+    except KeyboardInterrupt:  # make and pytest stop on the same Ctrl-C; say so in one line, not a traceback
+        raise SystemExit(f"error: `make {args.target}` interrupted; no row written") from None
     if row is None:
         raise SystemExit(
             f"error: `make {args.target}` failed (exit {code}) or printed no pytest summary; no row written"

@@ -75,3 +75,14 @@ def test_main_appends_one_row_with_the_note_and_refuses_a_failed_run_in_one_line
     with pytest.raises(SystemExit, match=r"^error: `make test-long` failed \(exit 2\)") as err:
         time_tests.main()
     assert "\n" not in str(err.value) and len(out.read_text().splitlines()) == 2
+
+
+def test_ctrl_c_during_the_suite_is_one_line_and_writes_no_row(tmp_path, monkeypatch):
+    def interrupted(command):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(time_tests, "time_command", interrupted)
+    monkeypatch.setattr(sys, "argv", ["time_tests.py", "--out", str(tmp_path / "timings.jsonl")])
+    with pytest.raises(SystemExit, match=r"^error: `make test` interrupted; no row written$"):
+        time_tests.main()
+    assert not (tmp_path / "timings.jsonl").exists()
